@@ -1,0 +1,30 @@
+//! # delaywheel
+//!
+//! A hierarchical timing wheel for millions of timers: insert, cancel and reset in O(1) however
+//! many timers are pending, expiry in deadline order, never early, never a panic for a deadline
+//! years away.
+//!
+//! The crate is layered, each layer depending only on the ones above it in this list:
+//!
+//! 1. [`wheel`]: the pure data structure. No clock, no threads, no I/O; time is a `u64` tick.
+//!
+//! ```
+//! use delaywheel::wheel::Wheel;
+//!
+//! let mut wheel = Wheel::new();
+//! let request = wheel.insert(30_000, "request 17 timed out");
+//! let idle = wheel.insert(60_000, "connection 4 idle");
+//! wheel.cancel(request); // the response arrived in time
+//! wheel.reset(idle, 90_000); // activity on the connection
+//! assert!(wheel.poll(60_000).is_none());
+//! assert_eq!(wheel.poll(90_000).map(|e| e.value), Some("connection 4 idle"));
+//! ```
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![forbid(unsafe_code)]
+
+pub mod wheel;

@@ -1,0 +1,228 @@
+//! The shape of a wheel (levels × slots per level) and the bit arithmetic that maps a deadline to a slot.
+
+use std::fmt;
+
+/// The shape of a [`Wheel`](super::Wheel): how many levels, and how many slots on each level.
+///
+/// Level `l` has slots that each span `slots_per_level^l` ticks, so the lowest level has 1-tick
+/// resolution and the wheel as a whole covers `slots_per_level^levels` ticks ahead of its current
+/// time. Deadlines farther away than that wait in an overflow tier and still fire exactly on time.
+///
+/// The default is 6 levels of 64 slots: 2^36 ticks (about 2.2 years at 1 ms per tick) before the
+/// overflow tier is used.
+///
+/// ```
+/// use delaywheel::wheel::Layout;
+///
+/// let layout = Layout::new(4, 64).unwrap();
+/// assert_eq!(layout.range(), Some(1 << 24));
+/// assert!(Layout::new(4, 100).is_err()); // not a power of two
+/// assert_eq!(Layout::default(), Layout::new(6, 64).unwrap());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Layout {
+    levels: u8,
+    slot_bits: u8,
+}
+
+/// Why [`Layout::new`] refused a shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutError {
+    /// `slots_per_level` must be a power of two from 2 to 64 (each level's occupancy is one `u64`).
+    SlotsPerLevel(usize),
+    /// `levels` must be at least 1, and `levels × log2(slots_per_level)` at most 64 bits.
+    Levels {
+        /// The number of levels asked for.
+        levels: usize,
+        /// The largest number of levels this `slots_per_level` allows.
+        max: usize,
+    },
+}
+
+impl fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            LayoutError::SlotsPerLevel(n) => {
+                write!(
+                    f,
+                    "slots per level must be a power of two in 2..=64, got {n}"
+                )
+            }
+            LayoutError::Levels { levels, max } => {
+                write!(
+                    f,
+                    "levels must be in 1..={max} for this slot count, got {levels}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for LayoutError {}
+
+/// Mask of the `bits` lowest bits; all ones for 64 or more.
+#[inline]
+pub(crate) fn low_mask(bits: u32) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
+}
+
+impl Layout {
+    /// A layout of `levels` levels of `slots_per_level` slots.
+    ///
+    /// Returns [`LayoutError::SlotsPerLevel`] unless `slots_per_level` is a power of two in
+    /// `2..=64`, and [`LayoutError::Levels`] unless `levels` is at least 1 and the levels together
+    /// use at most 64 bits of the tick.
+    pub const fn new(levels: usize, slots_per_level: usize) -> Result<Layout, LayoutError> {
+        if slots_per_level < 2 || slots_per_level > 64 || !slots_per_level.is_power_of_two() {
+            return Err(LayoutError::SlotsPerLevel(slots_per_level));
+        }
+        let bits = slots_per_level.trailing_zeros() as usize;
+        let max = 64 / bits;
+        if levels == 0 || levels > max {
+            return Err(LayoutError::Levels { levels, max });
+        }
+        Ok(Layout {
+            levels: levels as u8,
+            slot_bits: bits as u8,
+        })
+    }
+
+    /// The number of levels.
+    pub const fn levels(&self) -> usize {
+        self.levels as usize
+    }
+
+    /// The number of slots on each level.
+    pub const fn slots_per_level(&self) -> usize {
+        1 << self.slot_bits
+    }
+
+    /// How many ticks past the wheel's current time a deadline can be before it waits in the
+    /// overflow tier, or `None` when the levels cover all of `u64` and there is no overflow tier.
+    pub const fn range(&self) -> Option<u64> {
+        let bits = self.range_bits();
+        if bits >= 64 {
+            None
+        } else {
+            Some(1 << bits)
+        }
+    }
+
+    #[inline]
+    pub(crate) const fn range_bits(&self) -> u32 {
+        self.levels as u32 * self.slot_bits as u32
+    }
+
+    #[inline]
+    pub(crate) const fn slot_bits(&self) -> u32 {
+        self.slot_bits as u32
+    }
+
+    #[inline]
+    pub(crate) const fn slot_mask(&self) -> u64 {
+        (1 << self.slot_bits) - 1
+    }
+
+    /// The level a timer due at `deadline` belongs on when the wheel's time is `now`
+    /// (`deadline > now`). A result `>= levels()` means the overflow tier.
+    ///
+    /// The level is that of the highest bit in which `now` and `deadline` differ, so a timer sits
+    /// on the lowest level whose current rotation still contains its deadline.
+    #[inline]
+    pub(crate) fn level_for(&self, now: u64, deadline: u64) -> usize {
+        debug_assert!(deadline > now);
+        let masked = (now ^ deadline) | self.slot_mask();
+        let significant = 63 - masked.leading_zeros();
+        (significant / self.slot_bits()) as usize
+    }
+
+    /// The slot of `deadline` on `level`.
+    #[inline]
+    pub(crate) fn slot_for(&self, level: usize, deadline: u64) -> usize {
+        ((deadline >> (self.slot_bits() * level as u32)) & self.slot_mask()) as usize
+    }
+
+    /// The first tick covered by `slot` of `level` in the rotation that contains `now`.
+    #[inline]
+    pub(crate) fn slot_start(&self, now: u64, level: usize, slot: usize) -> u64 {
+        let shift = self.slot_bits() * level as u32;
+        let base = now & !low_mask(shift + self.slot_bits());
+        base | ((slot as u64) << shift)
+    }
+
+    /// The first tick of the overflow epoch (a span of `range()` ticks) that contains `deadline`.
+    #[inline]
+    pub(crate) fn epoch_start(&self, deadline: u64) -> u64 {
+        deadline & !low_mask(self.range_bits())
+    }
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            levels: 6,
+            slot_bits: 6,
+        }
+    }
+}
+
+impl fmt::Debug for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Layout")
+            .field("levels", &self.levels())
+            .field("slots_per_level", &self.slots_per_level())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert_eq!(Layout::new(6, 0), Err(LayoutError::SlotsPerLevel(0)));
+        assert_eq!(Layout::new(6, 1), Err(LayoutError::SlotsPerLevel(1)));
+        assert_eq!(Layout::new(6, 48), Err(LayoutError::SlotsPerLevel(48)));
+        assert_eq!(Layout::new(6, 128), Err(LayoutError::SlotsPerLevel(128)));
+        assert_eq!(
+            Layout::new(0, 64),
+            Err(LayoutError::Levels { levels: 0, max: 10 })
+        );
+        assert_eq!(
+            Layout::new(11, 64),
+            Err(LayoutError::Levels {
+                levels: 11,
+                max: 10
+            })
+        );
+        assert!(Layout::new(64, 2).is_ok());
+        assert_eq!(Layout::new(64, 2).unwrap().range(), None);
+        assert_eq!(Layout::new(16, 16).unwrap().range(), None);
+        assert_eq!(Layout::new(10, 64).unwrap().range(), Some(1 << 60));
+    }
+
+    #[test]
+    fn level_and_slot_math() {
+        let l = Layout::default();
+        assert_eq!(l.level_for(0, 1), 0);
+        assert_eq!(l.level_for(0, 63), 0);
+        assert_eq!(l.level_for(0, 64), 1);
+        assert_eq!(l.level_for(63, 64), 1);
+        assert_eq!(l.level_for(64, 127), 0);
+        assert_eq!(l.level_for(0, (1 << 36) - 1), 5);
+        assert_eq!(l.level_for(0, 1 << 36), 6);
+        assert_eq!(l.level_for(0, u64::MAX), 10);
+        assert_eq!(l.slot_for(1, 64 * 5 + 3), 5);
+        assert_eq!(l.slot_start(70, 1, 3), 192);
+        assert_eq!(l.slot_start(4096 + 70, 0, 9), 4096 + 64 + 9);
+        assert_eq!(l.epoch_start((3 << 36) + 5), 3 << 36);
+        let full = Layout::new(16, 16).unwrap();
+        assert_eq!(full.level_for(0, u64::MAX), 15);
+        assert_eq!(full.slot_start(5, 15, 15), 15 << 60);
+    }
+}
