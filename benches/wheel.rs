@@ -1,1 +1,554 @@
-fn main() {}
+//! The wheel against its baselines, all in one run.
+//!
+//! Workload (issue #2): `N` = 1M timers with deadlines uniform in [1, 60 000] ticks; half are
+//! cancelled in random order, a quarter are reset to new random deadlines, then time advances
+//! tick by tick to 60 000. Each phase is its own benchmark (the earlier phases run untimed as
+//! set-up), with one group per phase and one function per contender:
+//!
+//! * `delaywheel` — `delaywheel::wheel::Wheel<u64>`
+//! * `BinaryHeap` — std `BinaryHeap` of `(deadline, id)` with lazy cancel/reset through a side
+//!   table of `(current deadline, value)` per id
+//! * `BTreeMap` — std `BTreeMap<(deadline, id), value>` plus a deadline per id
+//! * `DelayQueue` — tokio-util's, on a paused current-thread runtime; its expiry phase includes
+//!   tokio's `advance` of the paused clock per tick, which it needs to see time move
+//! * `hierarchical_hash_wheel_timer` — its `QuadWheelWithOverflow`; it cannot cancel or reset,
+//!   so it only takes part in insert and expiry (and expires all `N` timers)
+//!
+//! `flatness/{insert,cancel}/{10k,1M,10M}` build a wheel of that many timers and cancel them all
+//! in random order, to show the cost per operation does not grow with the number pending.
+//!
+//! After criterion, a table of medians in ns per operation (per fired timer for expiry) and the
+//! ratios the issue targets is printed. Run with `cargo bench --bench wheel`; under
+//! `cargo test --benches` every benchmark runs once on a 20k workload (smoke mode).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::fmt::Debug;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use delaywheel::wheel::{TimerKey, Wheel};
+
+const HORIZON: u64 = 60_000;
+
+fn smoke() -> bool {
+    !std::env::args().any(|a| a == "--bench")
+}
+
+fn workload_n() -> usize {
+    if smoke() {
+        20_000
+    } else {
+        1_000_000
+    }
+}
+
+/// Deadlines, cancel order and reset targets, the same for every contender.
+struct Plan {
+    deadlines: Vec<u64>,
+    /// Indices of the timers to cancel, in random order (half of them).
+    cancels: Vec<usize>,
+    /// Indices of timers (not cancelled) to reset, with their new deadlines (a quarter).
+    resets: Vec<(usize, u64)>,
+}
+
+impl Plan {
+    fn new(n: usize) -> Plan {
+        let mut rng = fastrand::Rng::with_seed(0x5eed);
+        let deadlines: Vec<u64> = (0..n).map(|_| rng.u64(1..=HORIZON)).collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        rng.shuffle(&mut order);
+        let cancels = order[..n / 2].to_vec();
+        let resets = order[n / 2..n / 2 + n / 4]
+            .iter()
+            .map(|&i| (i, rng.u64(1..=HORIZON)))
+            .collect();
+        Plan {
+            deadlines,
+            cancels,
+            resets,
+        }
+    }
+}
+
+/// What every contender does. `advance` moves time to `t` and returns how many timers fired.
+trait Contender {
+    type Key: Copy;
+    const NAME: &'static str;
+    const CAN_CANCEL: bool = true;
+    fn new(n: usize) -> Self;
+    fn insert(&mut self, deadline: u64, value: u64) -> Self::Key;
+    fn cancel(&mut self, key: Self::Key) -> Option<u64>;
+    fn reset(&mut self, key: Self::Key, deadline: u64);
+    /// Advances tick by tick from 1 to `HORIZON`, returning the number of timers fired.
+    fn expire_all(&mut self) -> usize;
+}
+
+impl Contender for Wheel<u64> {
+    type Key = TimerKey;
+    const NAME: &'static str = "delaywheel";
+    fn new(n: usize) -> Self {
+        Wheel::with_capacity(n)
+    }
+    fn insert(&mut self, deadline: u64, value: u64) -> TimerKey {
+        Wheel::insert(self, deadline, value)
+    }
+    fn cancel(&mut self, key: TimerKey) -> Option<u64> {
+        Wheel::cancel(self, key)
+    }
+    fn reset(&mut self, key: TimerKey, deadline: u64) {
+        assert!(Wheel::reset(self, key, deadline));
+    }
+    fn expire_all(&mut self) -> usize {
+        let mut fired = 0;
+        for t in 1..=HORIZON {
+            while let Some(e) = self.poll(t) {
+                black_box(e.value);
+                fired += 1;
+            }
+        }
+        fired
+    }
+}
+
+/// `BinaryHeap` with lazy cancel: the heap holds `(deadline, id)`; the side table holds the
+/// current deadline (or `u64::MAX` once cancelled/fired) and value of each id.
+struct HeapTimers {
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    table: Vec<(u64, u64)>,
+}
+
+const GONE: u64 = u64::MAX;
+
+impl Contender for HeapTimers {
+    type Key = u32;
+    const NAME: &'static str = "BinaryHeap";
+    fn new(n: usize) -> Self {
+        HeapTimers {
+            heap: BinaryHeap::with_capacity(n),
+            table: Vec::with_capacity(n),
+        }
+    }
+    fn insert(&mut self, deadline: u64, value: u64) -> u32 {
+        let id = self.table.len() as u32;
+        self.table.push((deadline, value));
+        self.heap.push(Reverse((deadline, id)));
+        id
+    }
+    fn cancel(&mut self, key: u32) -> Option<u64> {
+        let slot = &mut self.table[key as usize];
+        if slot.0 == GONE {
+            return None;
+        }
+        slot.0 = GONE;
+        Some(slot.1)
+    }
+    fn reset(&mut self, key: u32, deadline: u64) {
+        self.table[key as usize].0 = deadline;
+        self.heap.push(Reverse((deadline, key)));
+    }
+    fn expire_all(&mut self) -> usize {
+        let mut fired = 0;
+        for t in 1..=HORIZON {
+            while let Some(&Reverse((deadline, id))) = self.heap.peek() {
+                if deadline > t {
+                    break;
+                }
+                self.heap.pop();
+                let slot = &mut self.table[id as usize];
+                if slot.0 == deadline {
+                    slot.0 = GONE;
+                    black_box(slot.1);
+                    fired += 1;
+                }
+            }
+        }
+        fired
+    }
+}
+
+/// `BTreeMap<(deadline, id), value>` plus the current deadline of each id.
+struct TreeTimers {
+    map: BTreeMap<(u64, u32), u64>,
+    deadlines: Vec<u64>,
+}
+
+impl Contender for TreeTimers {
+    type Key = u32;
+    const NAME: &'static str = "BTreeMap";
+    fn new(n: usize) -> Self {
+        TreeTimers {
+            map: BTreeMap::new(),
+            deadlines: Vec::with_capacity(n),
+        }
+    }
+    fn insert(&mut self, deadline: u64, value: u64) -> u32 {
+        let id = self.deadlines.len() as u32;
+        self.deadlines.push(deadline);
+        self.map.insert((deadline, id), value);
+        id
+    }
+    fn cancel(&mut self, key: u32) -> Option<u64> {
+        self.map.remove(&(self.deadlines[key as usize], key))
+    }
+    fn reset(&mut self, key: u32, deadline: u64) {
+        let old = std::mem::replace(&mut self.deadlines[key as usize], deadline);
+        let value = self.map.remove(&(old, key)).expect("pending");
+        self.map.insert((deadline, key), value);
+    }
+    fn expire_all(&mut self) -> usize {
+        let mut fired = 0;
+        for t in 1..=HORIZON {
+            while let Some(entry) = self.map.first_entry() {
+                if entry.key().0 > t {
+                    break;
+                }
+                black_box(entry.remove());
+                fired += 1;
+            }
+        }
+        fired
+    }
+}
+
+/// tokio-util's `DelayQueue` on a paused runtime (it needs tokio's clock).
+struct DelayQueueTimers {
+    rt: tokio::runtime::Runtime,
+    queue: tokio_util::time::DelayQueue<u64>,
+    start: tokio::time::Instant,
+}
+
+impl Contender for DelayQueueTimers {
+    type Key = tokio_util::time::delay_queue::Key;
+    const NAME: &'static str = "DelayQueue";
+    fn new(n: usize) -> Self {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+        let (queue, start) = {
+            let _guard = rt.enter();
+            (
+                tokio_util::time::DelayQueue::with_capacity(n),
+                tokio::time::Instant::now(),
+            )
+        };
+        DelayQueueTimers { rt, queue, start }
+    }
+    fn insert(&mut self, deadline: u64, value: u64) -> Self::Key {
+        let _guard = self.rt.enter();
+        self.queue
+            .insert_at(value, self.start + Duration::from_millis(deadline))
+    }
+    fn cancel(&mut self, key: Self::Key) -> Option<u64> {
+        let _guard = self.rt.enter();
+        self.queue.try_remove(&key).map(|e| e.into_inner())
+    }
+    fn reset(&mut self, key: Self::Key, deadline: u64) {
+        let _guard = self.rt.enter();
+        self.queue
+            .reset_at(&key, self.start + Duration::from_millis(deadline));
+    }
+    fn expire_all(&mut self) -> usize {
+        let queue = &mut self.queue;
+        self.rt.block_on(async {
+            let mut fired = 0;
+            for _ in 1..=HORIZON {
+                tokio::time::advance(Duration::from_millis(1)).await;
+                std::future::poll_fn(|cx| {
+                    while let Poll::Ready(Some(e)) = queue.poll_expired(cx) {
+                        black_box(e.into_inner());
+                        fired += 1;
+                    }
+                    Poll::Ready(())
+                })
+                .await;
+            }
+            fired
+        })
+    }
+}
+
+#[derive(Debug)]
+struct HhwtEntry(#[allow(dead_code)] u64);
+
+/// `hierarchical_hash_wheel_timer`'s four-level byte wheel. It has no cancel or reset.
+struct HhwtTimers(
+    hierarchical_hash_wheel_timer::wheels::quad_wheel::QuadWheelWithOverflow<HhwtEntry>,
+);
+
+impl Contender for HhwtTimers {
+    type Key = ();
+    const NAME: &'static str = "hierarchical_hash_wheel_timer";
+    const CAN_CANCEL: bool = false;
+    fn new(_n: usize) -> Self {
+        HhwtTimers(Default::default())
+    }
+    fn insert(&mut self, deadline: u64, value: u64) {
+        self.0
+            .insert_with_delay(HhwtEntry(value), Duration::from_millis(deadline))
+            .expect("delay >= 1");
+    }
+    fn cancel(&mut self, _key: ()) -> Option<u64> {
+        None
+    }
+    fn reset(&mut self, _key: (), _deadline: u64) {}
+    fn expire_all(&mut self) -> usize {
+        let mut fired = 0;
+        for _ in 1..=HORIZON {
+            let batch = self.0.tick();
+            fired += batch.len();
+            black_box(batch);
+        }
+        fired
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    Insert,
+    Cancel,
+    Reset,
+    Expire,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Insert => "insert",
+            Phase::Cancel => "cancel",
+            Phase::Reset => "reset",
+            Phase::Expire => "expire",
+        }
+    }
+}
+
+/// Runs the workload up to `phase` and returns the time of that phase and its operation count.
+fn run_phase<C: Contender>(plan: &Plan, phase: Phase) -> (Duration, usize) {
+    let n = plan.deadlines.len();
+    let mut c = C::new(n);
+    let t = Instant::now();
+    let keys: Vec<C::Key> = plan
+        .deadlines
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| c.insert(d, i as u64))
+        .collect();
+    if phase == Phase::Insert {
+        let elapsed = t.elapsed();
+        drop(c);
+        return (elapsed, n);
+    }
+    if C::CAN_CANCEL {
+        let t = Instant::now();
+        for &i in &plan.cancels {
+            black_box(c.cancel(keys[i]));
+        }
+        if phase == Phase::Cancel {
+            return (t.elapsed(), plan.cancels.len());
+        }
+        let t = Instant::now();
+        for &(i, d) in &plan.resets {
+            c.reset(keys[i], d);
+        }
+        if phase == Phase::Reset {
+            return (t.elapsed(), plan.resets.len());
+        }
+    }
+    let t = Instant::now();
+    let fired = c.expire_all();
+    let elapsed = t.elapsed();
+    let expected = if C::CAN_CANCEL {
+        n - plan.cancels.len()
+    } else {
+        n
+    };
+    assert_eq!(fired, expected, "{} lost or duplicated timers", C::NAME);
+    (elapsed, fired)
+}
+
+fn bench_contender<C: Contender>(c: &mut Criterion, plan: &Plan) {
+    for phase in [Phase::Insert, Phase::Cancel, Phase::Reset, Phase::Expire] {
+        if !C::CAN_CANCEL && matches!(phase, Phase::Cancel | Phase::Reset) {
+            continue;
+        }
+        let mut group = c.benchmark_group(phase.name());
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_millis(500));
+        group.measurement_time(Duration::from_secs(3));
+        let ops = run_phase::<C>(plan, phase).1;
+        group.throughput(Throughput::Elements(ops as u64));
+        group.bench_function(C::NAME, |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| run_phase::<C>(plan, phase).0).sum())
+        });
+        group.finish();
+    }
+}
+
+fn bench_flatness(c: &mut Criterion) {
+    let sizes: &[(usize, &str)] = if smoke() {
+        &[(10_000, "10k"), (20_000, "20k")]
+    } else {
+        &[(10_000, "10k"), (1_000_000, "1M"), (10_000_000, "10M")]
+    };
+    for &(n, label) in sizes {
+        let plan = Plan::new(n);
+        let mut order: Vec<usize> = (0..n).collect();
+        fastrand::Rng::with_seed(7).shuffle(&mut order);
+        for op in ["insert", "cancel"] {
+            let mut group = c.benchmark_group(format!("flatness/{op}"));
+            group.sample_size(10);
+            group.warm_up_time(Duration::from_millis(500));
+            group.measurement_time(Duration::from_secs(if n >= 10_000_000 { 10 } else { 3 }));
+            group.throughput(Throughput::Elements(n as u64));
+            group.bench_with_input(BenchmarkId::from_parameter(label), &n, |b, &n| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let mut wheel: Wheel<u64> = Wheel::with_capacity(n);
+                        let mut keys = Vec::with_capacity(n);
+                        let t = Instant::now();
+                        for (i, &d) in plan.deadlines.iter().enumerate() {
+                            keys.push(wheel.insert(d, i as u64));
+                        }
+                        if op == "insert" {
+                            total += t.elapsed();
+                            continue;
+                        }
+                        let t = Instant::now();
+                        for &i in &order {
+                            black_box(wheel.cancel(keys[i]));
+                        }
+                        total += t.elapsed();
+                        assert!(wheel.is_empty());
+                    }
+                    total
+                })
+            });
+            group.finish();
+        }
+    }
+}
+
+/// Median ns per operation of a finished benchmark, from criterion's saved estimates.
+fn median_ns_per_op(group: &str, function: &str, ops: usize) -> Option<f64> {
+    let dir: PathBuf = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("criterion")
+        .join(group.replace('/', "_"))
+        .join(function)
+        .join("new")
+        .join("estimates.json");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir).ok()?).ok()?;
+    Some(json["median"]["point_estimate"].as_f64()? / ops as f64)
+}
+
+fn report(plan: &Plan) {
+    let n = plan.deadlines.len();
+    let fired = n - plan.cancels.len();
+    let names = [
+        "delaywheel",
+        "BinaryHeap",
+        "BTreeMap",
+        "DelayQueue",
+        "hierarchical_hash_wheel_timer",
+    ];
+    let phases: [(&str, usize); 4] = [
+        ("insert", n),
+        ("cancel", plan.cancels.len()),
+        ("reset", plan.resets.len()),
+        ("expire", fired),
+    ];
+    let get = |phase: &str, name: &str| {
+        let ops = phases.iter().find(|p| p.0 == phase).map(|p| p.1)?;
+        let ops = if phase == "expire" && name == "hierarchical_hash_wheel_timer" {
+            n
+        } else {
+            ops
+        };
+        median_ns_per_op(phase, name, ops)
+    };
+    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1}"));
+    println!("\nMedian ns per operation (expire: per fired timer), N = {n}");
+    println!("| contender | insert | cancel | reset | expire |");
+    println!("|---|---:|---:|---:|---:|");
+    for name in names {
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            fmt(get("insert", name)),
+            fmt(get("cancel", name)),
+            fmt(get("reset", name)),
+            fmt(get("expire", name))
+        );
+    }
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}×", a / b),
+        _ => "n/a".into(),
+    };
+    println!("\n| target | measured |");
+    println!("|---|---:|");
+    println!(
+        "| insert ≤ 1.0× BinaryHeap | {} |",
+        ratio(get("insert", "delaywheel"), get("insert", "BinaryHeap"))
+    );
+    println!(
+        "| expire ≤ 1.0× hierarchical_hash_wheel_timer | {} |",
+        ratio(
+            get("expire", "delaywheel"),
+            get("expire", "hierarchical_hash_wheel_timer")
+        )
+    );
+    println!(
+        "| cancel ≤ 0.5× DelayQueue | {} |",
+        ratio(get("cancel", "delaywheel"), get("cancel", "DelayQueue"))
+    );
+    println!(
+        "| reset ≤ 0.5× DelayQueue | {} |",
+        ratio(get("reset", "delaywheel"), get("reset", "DelayQueue"))
+    );
+    let (small, large) = if smoke() {
+        (10_000, 20_000)
+    } else {
+        (10_000, 10_000_000)
+    };
+    let label = |n: usize| match n {
+        10_000 => "10k",
+        20_000 => "20k",
+        _ => "10M",
+    };
+    let flat = |op: &str, n: usize| median_ns_per_op(&format!("flatness/{op}"), label(n), n);
+    println!(
+        "| insert at {} ≤ 2× insert at 10k | {} ({} vs {} ns) |",
+        label(large),
+        ratio(flat("insert", large), flat("insert", small)),
+        fmt(flat("insert", large)),
+        fmt(flat("insert", small))
+    );
+    println!(
+        "| cancel at {} vs 10k (for information) | {} ({} vs {} ns) |",
+        label(large),
+        ratio(flat("cancel", large), flat("cancel", small)),
+        fmt(flat("cancel", large)),
+        fmt(flat("cancel", small))
+    );
+}
+
+fn main() {
+    let plan = Plan::new(workload_n());
+    let mut c = Criterion::default().configure_from_args();
+    bench_contender::<Wheel<u64>>(&mut c, &plan);
+    bench_contender::<HeapTimers>(&mut c, &plan);
+    bench_contender::<TreeTimers>(&mut c, &plan);
+    bench_contender::<DelayQueueTimers>(&mut c, &plan);
+    bench_contender::<HhwtTimers>(&mut c, &plan);
+    bench_flatness(&mut c);
+    c.final_summary();
+    if !smoke() {
+        report(&plan);
+    }
+}

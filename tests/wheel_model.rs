@@ -113,7 +113,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-const LAYOUTS: [(usize, usize); 6] = [(6, 64), (3, 4), (2, 8), (1, 2), (16, 16), (10, 64)];
+const LAYOUTS: [(usize, usize); 8] = [
+    (8, 256),
+    (6, 64),
+    (3, 4),
+    (2, 8),
+    (1, 2),
+    (16, 16),
+    (10, 64),
+    (2, 4096),
+];
 
 struct Harness {
     wheel: Wheel<u64>,

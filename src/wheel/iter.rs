@@ -114,7 +114,7 @@ impl<T> Iterator for Drain<'_, T> {
                     let per_level = self.wheel.layout.slots_per_level();
                     if (1..=self.wheel.slots.len()).contains(&self.list) {
                         let i = self.list - 1;
-                        self.wheel.occupied[i / per_level] &= !(1u64 << (i % per_level));
+                        self.wheel.clear_occupied(i / per_level, i % per_level);
                     }
                     self.list += 1;
                 }

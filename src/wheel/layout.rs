@@ -8,8 +8,10 @@ use std::fmt;
 /// resolution and the wheel as a whole covers `slots_per_level^levels` ticks ahead of its current
 /// time. Deadlines farther away than that wait in an overflow tier and still fire exactly on time.
 ///
-/// The default is 6 levels of 64 slots: 2^36 ticks (about 2.2 years at 1 ms per tick) before the
-/// overflow tier is used.
+/// The default is 8 levels of 256 slots, which covers all of `u64` (no overflow tier): a
+/// timer due within 256 ticks sits on level 0, within 65 536 ticks (65 s at 1 ms) on level 1,
+/// and so on, so a typical timeout is moved at most once before it fires. Narrower levels
+/// (6 of 64, as in tokio) move timers more often; see the benchmarks.
 ///
 /// ```
 /// use delaywheel::wheel::Layout;
@@ -17,18 +19,22 @@ use std::fmt;
 /// let layout = Layout::new(4, 64).unwrap();
 /// assert_eq!(layout.range(), Some(1 << 24));
 /// assert!(Layout::new(4, 100).is_err()); // not a power of two
-/// assert_eq!(Layout::default(), Layout::new(6, 64).unwrap());
+/// assert_eq!(Layout::default(), Layout::new(8, 256).unwrap());
+/// assert_eq!(Layout::default().range(), None); // covers every u64 deadline
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Layout {
     levels: u8,
     slot_bits: u8,
+    /// `level_of_bit[b]` is `b / slot_bits`: the level of a timer whose deadline first differs
+    /// from the wheel's time in bit `b` (a table, because a division is slow on the hot path).
+    level_of_bit: [u8; 64],
 }
 
 /// Why [`Layout::new`] refused a shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayoutError {
-    /// `slots_per_level` must be a power of two from 2 to 64 (each level's occupancy is one `u64`).
+    /// `slots_per_level` must be a power of two from 2 to 4096.
     SlotsPerLevel(usize),
     /// `levels` must be at least 1, and `levels × log2(slots_per_level)` at most 64 bits.
     Levels {
@@ -74,10 +80,10 @@ impl Layout {
     /// A layout of `levels` levels of `slots_per_level` slots.
     ///
     /// Returns [`LayoutError::SlotsPerLevel`] unless `slots_per_level` is a power of two in
-    /// `2..=64`, and [`LayoutError::Levels`] unless `levels` is at least 1 and the levels together
+    /// `2..=4096`, and [`LayoutError::Levels`] unless `levels` is at least 1 and the levels together
     /// use at most 64 bits of the tick.
     pub const fn new(levels: usize, slots_per_level: usize) -> Result<Layout, LayoutError> {
-        if slots_per_level < 2 || slots_per_level > 64 || !slots_per_level.is_power_of_two() {
+        if slots_per_level < 2 || slots_per_level > 4096 || !slots_per_level.is_power_of_two() {
             return Err(LayoutError::SlotsPerLevel(slots_per_level));
         }
         let bits = slots_per_level.trailing_zeros() as usize;
@@ -85,10 +91,21 @@ impl Layout {
         if levels == 0 || levels > max {
             return Err(LayoutError::Levels { levels, max });
         }
-        Ok(Layout {
-            levels: levels as u8,
-            slot_bits: bits as u8,
-        })
+        Ok(Layout::from_bits(levels as u8, bits as u8))
+    }
+
+    const fn from_bits(levels: u8, slot_bits: u8) -> Layout {
+        let mut level_of_bit = [0u8; 64];
+        let mut b = 0;
+        while b < 64 {
+            level_of_bit[b] = (b as u8) / slot_bits;
+            b += 1;
+        }
+        Layout {
+            levels,
+            slot_bits,
+            level_of_bit,
+        }
     }
 
     /// The number of levels.
@@ -137,7 +154,7 @@ impl Layout {
         debug_assert!(deadline > now);
         let masked = (now ^ deadline) | self.slot_mask();
         let significant = 63 - masked.leading_zeros();
-        (significant / self.slot_bits()) as usize
+        self.level_of_bit[significant as usize] as usize
     }
 
     /// The slot of `deadline` on `level`.
@@ -163,10 +180,7 @@ impl Layout {
 
 impl Default for Layout {
     fn default() -> Self {
-        Layout {
-            levels: 6,
-            slot_bits: 6,
-        }
+        Layout::from_bits(8, 8)
     }
 }
 
@@ -188,7 +202,8 @@ mod tests {
         assert_eq!(Layout::new(6, 0), Err(LayoutError::SlotsPerLevel(0)));
         assert_eq!(Layout::new(6, 1), Err(LayoutError::SlotsPerLevel(1)));
         assert_eq!(Layout::new(6, 48), Err(LayoutError::SlotsPerLevel(48)));
-        assert_eq!(Layout::new(6, 128), Err(LayoutError::SlotsPerLevel(128)));
+        assert_eq!(Layout::new(6, 8192), Err(LayoutError::SlotsPerLevel(8192)));
+        assert_eq!(Layout::new(5, 4096).unwrap().range(), Some(1 << 60));
         assert_eq!(
             Layout::new(0, 64),
             Err(LayoutError::Levels { levels: 0, max: 10 })
@@ -208,7 +223,7 @@ mod tests {
 
     #[test]
     fn level_and_slot_math() {
-        let l = Layout::default();
+        let l = Layout::new(6, 64).unwrap();
         assert_eq!(l.level_for(0, 1), 0);
         assert_eq!(l.level_for(0, 63), 0);
         assert_eq!(l.level_for(0, 64), 1);
@@ -221,6 +236,11 @@ mod tests {
         assert_eq!(l.slot_start(70, 1, 3), 192);
         assert_eq!(l.slot_start(4096 + 70, 0, 9), 4096 + 64 + 9);
         assert_eq!(l.epoch_start((3 << 36) + 5), 3 << 36);
+        let d = Layout::default();
+        assert_eq!(d.level_for(0, 255), 0);
+        assert_eq!(d.level_for(0, 256), 1);
+        assert_eq!(d.level_for(0, u64::MAX), 7);
+        assert_eq!(d.slot_for(1, 256 * 200 + 3), 200);
         let full = Layout::new(16, 16).unwrap();
         assert_eq!(full.level_for(0, u64::MAX), 15);
         assert_eq!(full.slot_start(5, 15, 15), 15 << 60);

@@ -145,8 +145,10 @@ pub struct Wheel<T> {
     keys: Keys,
     /// `levels * slots_per_level` vectors, level-major.
     slots: Box<[Vec<Elem<T>>]>,
-    /// Per level, bit `s` is set exactly when slot `s` is non-empty.
+    /// Occupancy bitmap: level `l` owns `words_per_level` words, and bit `s` of them is set
+    /// exactly when slot `s` of that level is non-empty.
     occupied: Box<[u64]>,
+    words_per_level: usize,
     /// Timers due at or before `elapsed`, kept so that `pop` takes the earliest deadline when
     /// `ready_sorted` is true (sorted by descending deadline).
     ready: Vec<Elem<T>>,
@@ -192,12 +194,14 @@ impl<T> Wheel<T> {
     /// An empty wheel of the given shape at tick 0.
     pub fn with_layout(layout: Layout) -> Wheel<T> {
         let n = layout.levels() * layout.slots_per_level();
+        let words_per_level = layout.slots_per_level().div_ceil(64);
         Wheel {
             layout,
             elapsed: 0,
             keys: Keys::with_capacity(0),
             slots: (0..n).map(|_| Vec::new()).collect(),
-            occupied: vec![0; layout.levels()].into_boxed_slice(),
+            occupied: vec![0; layout.levels() * words_per_level].into_boxed_slice(),
+            words_per_level,
             ready: Vec::new(),
             ready_sorted: true,
             ready_min: u64::MAX,
@@ -432,7 +436,7 @@ impl<T> Wheel<T> {
         let key = elem.key as usize;
         let list = match self.locate(deadline) {
             Loc::Slot { level, slot } => {
-                self.occupied[level] |= 1 << slot;
+                self.occupied[level * self.words_per_level + slot / 64] |= 1 << (slot % 64);
                 &mut self.slots[level * self.layout.slots_per_level() + slot]
             }
             Loc::Ready => {
@@ -477,7 +481,7 @@ impl<T> Wheel<T> {
         }
         if list.is_empty() {
             match loc {
-                Loc::Slot { level, slot } => self.occupied[level] &= !(1 << slot),
+                Loc::Slot { level, slot } => self.clear_occupied(level, slot),
                 Loc::Ready | Loc::Overflow => {}
             }
         }
@@ -488,15 +492,21 @@ impl<T> Wheel<T> {
         elem
     }
 
+    #[inline]
+    pub(crate) fn clear_occupied(&mut self, level: usize, slot: usize) {
+        self.occupied[level * self.words_per_level + slot / 64] &= !(1 << (slot % 64));
+    }
+
     /// The earliest point the wheel must stop at: the first occupied slot of the lowest occupied
     /// level (every slot of a level lies after the wheel's position on it, and every level
     /// starts after the one below), or, with all levels empty, the overflow epoch of the
     /// earliest overflow deadline.
     #[inline]
     fn next_event(&self) -> Option<Event> {
-        for (level, &occ) in self.occupied.iter().enumerate() {
+        for (word, &occ) in self.occupied.iter().enumerate() {
             if occ != 0 {
-                let slot = occ.trailing_zeros() as usize;
+                let level = word / self.words_per_level;
+                let slot = (word % self.words_per_level) * 64 + occ.trailing_zeros() as usize;
                 let start = self.layout.slot_start(self.elapsed, level, slot);
                 debug_assert!(start > self.elapsed, "slot behind the wheel's time");
                 return Some(Event::Slot { level, slot, start });
@@ -516,7 +526,7 @@ impl<T> Wheel<T> {
         match event {
             Event::Slot { level, slot, start } => {
                 self.elapsed = start;
-                self.occupied[level] &= !(1 << slot);
+                self.clear_occupied(level, slot);
                 let idx = level * self.layout.slots_per_level() + slot;
                 let mut list = mem::take(&mut self.slots[idx]);
                 if level == 0 {

@@ -1,0 +1,151 @@
+//! Loads N timers into a bare `Wheel` and reports insert, cancel and expire rates and the
+//! resident memory per pending timer.
+//!
+//! ```text
+//! cargo run --release --example wheel_load                      # 1M and 10M timers
+//! cargo run --release --example wheel_load -- --timers 2000000  # one size
+//! cargo run --example wheel_load -- --smoke --json              # seconds-long check (make test)
+//! ```
+//!
+//! Deadlines are uniform in [1, 60 000] ticks; half the timers are cancelled in random order,
+//! then time advances tick by tick until every remaining timer has fired. Resident memory is the
+//! growth of the process's VmRSS while inserting (the wheel starts empty and grows as a real one
+//! does), divided by the number of timers.
+
+use std::time::Instant;
+
+use clap::Parser;
+use delaywheel::wheel::Wheel;
+
+#[derive(Parser, Debug)]
+#[command(about = "Load timers into a delaywheel Wheel and report rates and memory")]
+struct Args {
+    /// Numbers of timers to load, one run each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000_000usize, 10_000_000])]
+    timers: Vec<usize>,
+    /// Deadlines are uniform in [1, horizon] ticks.
+    #[arg(long, default_value_t = 60_000)]
+    horizon: u64,
+    /// A quick run (20k timers, 5k-tick horizon) for tests.
+    #[arg(long)]
+    smoke: bool,
+    /// Fail (exit 1) when a run uses more than this many resident bytes per timer.
+    #[arg(long, default_value_t = 40.0)]
+    max_bytes_per_timer: f64,
+    /// Print the figures as one JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The process's resident set size in bytes (Linux), or 0 where unknown.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+struct Run {
+    timers: usize,
+    insert_ns: f64,
+    cancel_ns: f64,
+    expire_ns: f64,
+    rss_bytes_per_timer: f64,
+    allocated_bytes_per_timer: f64,
+    lost: usize,
+}
+
+fn run(n: usize, horizon: u64) -> Run {
+    let mut rng = fastrand::Rng::with_seed(42);
+    let deadlines: Vec<u64> = (0..n).map(|_| rng.u64(1..=horizon)).collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    rng.shuffle(&mut order);
+    let mut keys = Vec::with_capacity(n);
+
+    let mut wheel: Wheel<u64> = Wheel::new();
+    let rss_before = rss_bytes();
+    let t = Instant::now();
+    for (i, &d) in deadlines.iter().enumerate() {
+        keys.push(wheel.insert(d, i as u64));
+    }
+    let insert = t.elapsed();
+    let rss = rss_bytes().saturating_sub(rss_before);
+    let allocated = wheel.allocated_bytes();
+
+    let t = Instant::now();
+    let mut cancelled = 0;
+    for &i in &order[..n / 2] {
+        cancelled += usize::from(wheel.cancel(keys[i]).is_some());
+    }
+    let cancel = t.elapsed();
+
+    let t = Instant::now();
+    let mut fired = 0;
+    let mut late = 0;
+    for now in 1..=horizon {
+        while let Some(e) = wheel.poll(now) {
+            late += usize::from(e.deadline != now);
+            fired += 1;
+        }
+    }
+    let expire = t.elapsed();
+    assert_eq!(late, 0, "timers fired at the wrong tick");
+    Run {
+        timers: n,
+        insert_ns: insert.as_nanos() as f64 / n as f64,
+        cancel_ns: cancel.as_nanos() as f64 / (n / 2).max(1) as f64,
+        expire_ns: expire.as_nanos() as f64 / fired.max(1) as f64,
+        rss_bytes_per_timer: rss as f64 / n as f64,
+        allocated_bytes_per_timer: allocated as f64 / n as f64,
+        lost: n - cancelled - fired,
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let (sizes, horizon) = if args.smoke {
+        (vec![20_000], 5_000)
+    } else {
+        (args.timers.clone(), args.horizon)
+    };
+    println!("| timers | insert ns/op | cancel ns/op | expire ns/fired | resident B/timer | allocated B/timer | lost |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut runs = Vec::new();
+    for n in sizes {
+        let r = run(n, horizon);
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            r.timers,
+            r.insert_ns,
+            r.cancel_ns,
+            r.expire_ns,
+            r.rss_bytes_per_timer,
+            r.allocated_bytes_per_timer,
+            r.lost
+        );
+        runs.push(r);
+    }
+    if args.json {
+        let items: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"timers\":{},\"insert_ns\":{:.2},\"cancel_ns\":{:.2},\"expire_ns\":{:.2},\"rss_bytes_per_timer\":{:.2},\"allocated_bytes_per_timer\":{:.2},\"lost\":{}}}",
+                    r.timers, r.insert_ns, r.cancel_ns, r.expire_ns, r.rss_bytes_per_timer, r.allocated_bytes_per_timer, r.lost
+                )
+            })
+            .collect();
+        println!("{{\"runs\":[{}]}}", items.join(","));
+    }
+    let failed = runs
+        .iter()
+        .any(|r| r.lost != 0 || (!args.smoke && r.rss_bytes_per_timer > args.max_bytes_per_timer));
+    if failed {
+        eprintln!("FAILED: a timer was lost or the memory target was missed");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,119 @@
+//! Byte-driven operation interpreter for the wheel, checked against a `BTreeMap` model.
+//!
+//! Shared by the cargo-fuzz target (`fuzz/fuzz_targets/wheel_ops.rs`) and by the test
+//! `tests/wheel_fuzz_replay.rs`, which runs it on random inputs so it cannot rot.
+
+use std::collections::BTreeMap;
+
+use delaywheel::wheel::{Layout, TimerKey, Wheel};
+
+/// Reads little-endian values off the input; missing bytes read as zero.
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+    fn u64(&mut self, len: usize) -> u64 {
+        (0..len).fold(0, |acc, i| {
+            acc | (u64::from(self.byte().unwrap_or(0)) << (8 * i))
+        })
+    }
+    /// A deadline or jump size: small, medium, large or full-range.
+    fn span(&mut self) -> u64 {
+        match self.byte().unwrap_or(0) % 4 {
+            0 => self.u64(1),
+            1 => self.u64(3),
+            2 => self.u64(5),
+            _ => self.u64(8),
+        }
+    }
+}
+
+const LAYOUTS: [(usize, usize); 5] = [(8, 256), (6, 64), (3, 4), (1, 2), (16, 16)];
+
+/// Runs the operations encoded in `data`, panicking on any disagreement with the model.
+pub fn run(data: &[u8]) {
+    let mut input = Input(data);
+    let (levels, slots) = LAYOUTS[usize::from(input.byte().unwrap_or(0)) % LAYOUTS.len()];
+    let mut wheel = Wheel::with_layout(Layout::new(levels, slots).expect("valid layout"));
+    let mut model: BTreeMap<TimerKey, (u64, u32)> = BTreeMap::new();
+    let mut issued: Vec<TimerKey> = Vec::new();
+    let mut value = 0u32;
+    while let Some(op) = input.byte() {
+        let now = wheel.now();
+        match op % 8 {
+            0 | 1 => {
+                let span = input.span();
+                let deadline = if op & 0x80 != 0 {
+                    now.saturating_sub(span)
+                } else {
+                    now.saturating_add(span)
+                };
+                value += 1;
+                let key = wheel.insert(deadline, value);
+                assert!(model.insert(key, (deadline, value)).is_none());
+                issued.push(key);
+            }
+            2 => {
+                if let Some(&key) = issued.get(input.u64(2) as usize % issued.len().max(1)) {
+                    assert_eq!(wheel.cancel(key), model.remove(&key).map(|v| v.1));
+                }
+            }
+            3 => {
+                let pick = input.u64(2) as usize;
+                let deadline = now.saturating_add(input.span());
+                if let Some(&key) = issued.get(pick % issued.len().max(1)) {
+                    let live = model.get_mut(&key).map(|v| v.0 = deadline).is_some();
+                    assert_eq!(wheel.reset(key, deadline), live);
+                }
+            }
+            4 | 5 => {
+                let target = if op & 0x80 != 0 {
+                    now.saturating_sub(input.span())
+                } else {
+                    now.saturating_add(input.span())
+                };
+                let effective = target.max(now);
+                let limit = if op % 8 == 4 {
+                    usize::MAX
+                } else {
+                    usize::from(input.byte().unwrap_or(0) % 4)
+                };
+                let mut taken = 0;
+                while taken < limit {
+                    let Some(e) = wheel.poll(target) else {
+                        assert!(
+                            model.values().all(|v| v.0 > effective),
+                            "due timer not fired"
+                        );
+                        assert_eq!(wheel.now(), effective);
+                        break;
+                    };
+                    let min = model.values().map(|v| v.0).min();
+                    assert_eq!(Some(e.deadline), min, "not the earliest");
+                    assert!(e.deadline <= effective, "fired early");
+                    assert_eq!(model.remove(&e.key), Some((e.deadline, e.value)));
+                    taken += 1;
+                }
+            }
+            6 => {
+                let drained = wheel.drain().count();
+                assert_eq!(drained, model.len());
+                model.clear();
+            }
+            _ => wheel.shrink_to_fit(),
+        }
+        assert_eq!(wheel.len(), model.len());
+        match (wheel.next_deadline(), model.values().map(|v| v.0).min()) {
+            (None, None) => {}
+            (Some(next), Some(min)) => assert!(next <= min, "next_deadline after the earliest"),
+            (next, min) => panic!("next_deadline {next:?} with earliest {min:?}"),
+        }
+    }
+    let rest = std::iter::from_fn(|| wheel.poll(u64::MAX)).count();
+    assert_eq!(rest, model.len());
+    assert!(wheel.is_empty());
+}
