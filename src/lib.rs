@@ -28,3 +28,8 @@
 #![forbid(unsafe_code)]
 
 pub mod wheel;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

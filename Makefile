@@ -1,0 +1,41 @@
+# `make test` is what CI runs (.ci/run) on a fresh clone: it installs what the checks need,
+# then runs fmt --check, clippy -D warnings, the whole test suite, and the smoke modes of the
+# benches and examples. Benchmarks proper are `make bench`; they never run in `make test`.
+
+CARGO ?= cargo
+# Proptest cases for the wheel model test (the issue asks for at least 10 000 in CI).
+PROPTEST_CASES ?= 10000
+export PROPTEST_CASES
+
+.PHONY: test deps fmt clippy unit smoke bench load fuzz
+
+test: deps fmt clippy unit smoke
+
+deps:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
+	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --all-targets --all-features -- -D warnings
+
+unit:
+	$(CARGO) test --all-features
+
+# Every bench runs once on a small workload, and every example in its smoke mode, so they cannot rot.
+smoke:
+	$(CARGO) test --all-features --benches
+	$(CARGO) run --all-features --example wheel_load -- --smoke --json
+
+bench:
+	$(CARGO) bench --bench wheel
+
+load:
+	$(CARGO) run --release --example wheel_load
+
+# Needs cargo-fuzz (cargo install cargo-fuzz); RUSTC_BOOTSTRAP lets it use sanitizers on stable.
+fuzz:
+	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run wheel_ops -- -max_total_time=300
