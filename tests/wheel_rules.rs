@@ -268,3 +268,20 @@ fn a_clock_that_goes_backwards_changes_nothing() {
     assert_eq!(poll_all(&mut w, 20), Vec::<(u64, &str)>::new());
     assert_eq!(poll_all(&mut w, 100), vec![(100, "x")]);
 }
+
+#[test]
+fn at_most_40_allocated_bytes_per_pending_u64_timer_at_1m() {
+    // Deterministic companion of the resident-memory report in `examples/wheel_load.rs`:
+    // capacity-based accounting of every heap byte the wheel holds, spare capacity included.
+    let n = 1_000_000u64;
+    let mut w: Wheel<u64> = Wheel::with_capacity(n as usize);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.insert(1 + x % 60_000, i);
+    }
+    let per_timer = w.allocated_bytes() as f64 / n as f64;
+    assert!(per_timer <= 40.0, "{per_timer:.1} bytes per timer");
+}

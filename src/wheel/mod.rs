@@ -459,6 +459,11 @@ impl<T> Wheel<T> {
                 &mut self.overflow
             }
         };
+        // Grow by 1.5× rather than 2×: slot vectors keep their capacity for reuse, and halving
+        // the spare room measurably cuts resident bytes per timer.
+        if list.len() == list.capacity() {
+            list.reserve_exact((list.len() / 2).max(4));
+        }
         // Fits: a list never holds more elements than there are key records (< u32::MAX).
         self.keys.entries[key].pos = list.len() as u32;
         list.push(elem);
