@@ -25,7 +25,7 @@
     unreachable_pub,
     rust_2018_idioms
 )]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod wheel;
 

@@ -1,35 +1,14 @@
-//! Iteration over the pending timers: borrowing ([`Iter`]) and removing ([`Drain`]).
+//! Iteration over the pending timers: borrowing ([`Iter`]) and removing ([`Drain`]). Both walk
+//! the key table, where the values live, in index order.
 
 use std::fmt;
 
-use super::{Elem, Expired, TimerKey, Wheel};
-
-/// The element lists of a wheel in a fixed order: ready, every slot, overflow.
-fn list<T>(wheel: &Wheel<T>, i: usize) -> Option<&Vec<Elem<T>>> {
-    let slots = wheel.slots.len();
-    match i {
-        0 => Some(&wheel.ready),
-        i if i <= slots => Some(&wheel.slots[i - 1]),
-        i if i == slots + 1 => Some(&wheel.overflow),
-        _ => None,
-    }
-}
-
-fn list_mut<T>(wheel: &mut Wheel<T>, i: usize) -> Option<&mut Vec<Elem<T>>> {
-    let slots = wheel.slots.len();
-    match i {
-        0 => Some(&mut wheel.ready),
-        i if i <= slots => Some(&mut wheel.slots[i - 1]),
-        i if i == slots + 1 => Some(&mut wheel.overflow),
-        _ => None,
-    }
-}
+use super::{Expired, TimerKey, Wheel};
 
 /// Iterator over `(key, deadline, &value)` of the pending timers, from [`Wheel::iter`].
 pub struct Iter<'a, T> {
     wheel: &'a Wheel<T>,
-    list: usize,
-    pos: usize,
+    index: usize,
     remaining: usize,
 }
 
@@ -37,8 +16,7 @@ impl<'a, T> Iter<'a, T> {
     pub(super) fn new(wheel: &'a Wheel<T>) -> Self {
         Iter {
             wheel,
-            list: 0,
-            pos: 0,
+            index: 0,
             remaining: wheel.len(),
         }
     }
@@ -48,21 +26,16 @@ impl<'a, T> Iterator for Iter<'a, T> {
     type Item = (TimerKey, u64, &'a T);
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let list = list(self.wheel, self.list)?;
-            if let Some(elem) = list.get(self.pos) {
-                self.pos += 1;
+        let entries = &self.wheel.keys.entries;
+        while let Some(record) = entries.get(self.index) {
+            let index = self.index as u32;
+            self.index += 1;
+            if let Some(value) = record.value() {
                 self.remaining -= 1;
-                let entry = &self.wheel.keys.entries[elem.key as usize];
-                let key = TimerKey {
-                    index: elem.key,
-                    gen: entry.gen,
-                };
-                return Some((key, entry.deadline, &elem.value));
+                return Some((self.wheel.keys.key_at(index), record.deadline, value));
             }
-            self.list += 1;
-            self.pos = 0;
         }
+        None
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -84,12 +57,15 @@ impl<T> fmt::Debug for Iter<'_, T> {
 /// whatever it has not yielded yet.
 pub struct Drain<'a, T> {
     wheel: &'a mut Wheel<T>,
-    list: usize,
+    index: usize,
 }
 
 impl<'a, T> Drain<'a, T> {
     pub(super) fn new(wheel: &'a mut Wheel<T>) -> Self {
-        Drain { wheel, list: 0 }
+        // The slot lists only point at records: empty them all now, and take the values from
+        // the records one by one below.
+        wheel.clear_lists();
+        Drain { wheel, index: 0 }
     }
 }
 
@@ -97,29 +73,20 @@ impl<T> Iterator for Drain<'_, T> {
     type Item = Expired<T>;
 
     fn next(&mut self) -> Option<Expired<T>> {
-        loop {
-            // Popping from the end leaves every other element's position valid.
-            let elem = list_mut(self.wheel, self.list)?.pop();
-            match elem {
-                Some(elem) => {
-                    let (key, deadline) = self.wheel.keys.free(elem.key);
-                    return Some(Expired {
-                        key,
-                        deadline,
-                        value: elem.value,
-                    });
-                }
-                None => {
-                    // This list is empty now: clear its occupancy bit, then move on.
-                    let per_level = self.wheel.layout.slots_per_level();
-                    if (1..=self.wheel.slots.len()).contains(&self.list) {
-                        let i = self.list - 1;
-                        self.wheel.clear_occupied(i / per_level, i % per_level);
-                    }
-                    self.list += 1;
-                }
+        while self.wheel.keys.len() > 0 {
+            let index = self.index;
+            let record = self.wheel.keys.entries.get(index)?;
+            self.index += 1;
+            if record.value().is_some() {
+                let (key, deadline, value) = self.wheel.keys.take(index as u32);
+                return Some(Expired {
+                    key,
+                    deadline,
+                    value,
+                });
             }
         }
+        None
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -132,7 +99,6 @@ impl<T> ExactSizeIterator for Drain<'_, T> {}
 impl<T> Drop for Drain<'_, T> {
     fn drop(&mut self) {
         self.for_each(drop);
-        self.wheel.reset_list_bounds();
     }
 }
 

@@ -1,7 +1,20 @@
-//! The key table: one generation-checked record per timer, saying when it is due and where its
-//! element sits, so cancel and reset find it in O(1).
+//! The key table: one generation-checked record per timer holding its deadline, the position of
+//! its element in a slot, and its value, so that cancel and reset touch one record.
+//!
+//! # Ground rules
+//!
+//! * A record is **occupied** exactly when its generation is odd. Only then is `value`
+//!   initialised; a vacant record's `value` is uninitialised and its `pos` links the free list.
+//! * Every transition goes through [`Keys::alloc`] (vacant → occupied, writes the value) and
+//!   [`Keys::take`] (occupied → vacant, moves the value out). Nothing else writes `gen` of an
+//!   occupied record, so the parity always tells whether `value` may be read.
+//! * The generation changes on both transitions, so a [`TimerKey`] matches at most one
+//!   occupancy of its record.
+
+#![allow(unsafe_code)]
 
 use std::fmt;
+use std::mem::MaybeUninit;
 
 /// A handle to a timer in a [`Wheel`](super::Wheel), returned by `insert`.
 ///
@@ -39,33 +52,53 @@ impl fmt::Debug for TimerKey {
 /// The end of the free list, and the largest index never handed out.
 pub(crate) const NONE: u32 = u32::MAX;
 
-/// One record. While occupied (`gen` odd) `pos` is the element's index in its list; while vacant
-/// (`gen` even) `pos` links the free list.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct KeyEntry {
+/// One timer's record: 24 bytes for `T = u64`.
+pub(crate) struct Record<T> {
     pub(crate) deadline: u64,
-    pub(crate) gen: u32,
+    gen: u32,
+    /// Occupied: the element's index in its slot list. Vacant: the next free record.
     pub(crate) pos: u32,
+    value: MaybeUninit<T>,
 }
 
-impl KeyEntry {
+impl<T> Record<T> {
     #[inline]
     fn occupied(&self) -> bool {
         self.gen & 1 == 1
     }
+
+    /// The value of an occupied record.
+    #[inline]
+    pub(crate) fn value(&self) -> Option<&T> {
+        if self.occupied() {
+            // SAFETY: by the ground rules an odd generation means `value` is initialised, and
+            // it stays so while `&self` is borrowed.
+            Some(unsafe { self.value.assume_init_ref() })
+        } else {
+            None
+        }
+    }
 }
 
-#[derive(Debug)]
-pub(crate) struct Keys {
-    pub(crate) entries: Vec<KeyEntry>,
+pub(crate) struct Keys<T> {
+    pub(crate) entries: Vec<Record<T>>,
     free_head: u32,
     /// Even; records created later start above it, so keys to truncated records stay stale.
     gen_floor: u32,
     len: usize,
 }
 
-impl Keys {
-    pub(crate) fn with_capacity(n: usize) -> Keys {
+impl<T> fmt::Debug for Keys<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keys")
+            .field("len", &self.len)
+            .field("records", &self.entries.len())
+            .finish()
+    }
+}
+
+impl<T> Keys<T> {
+    pub(crate) fn with_capacity(n: usize) -> Keys<T> {
         Keys {
             entries: Vec::with_capacity(n),
             free_head: NONE,
@@ -79,31 +112,36 @@ impl Keys {
         self.len
     }
 
-    /// Takes a record for a new timer due at `deadline`; `None` when `u32::MAX - 1` are in use.
-    /// The caller sets `pos`.
+    /// Stores a new timer; hands the value back when `u32::MAX - 1` records are in use. The
+    /// caller sets `pos`.
     #[inline]
-    pub(crate) fn alloc(&mut self, deadline: u64) -> Option<TimerKey> {
+    pub(crate) fn alloc(&mut self, deadline: u64, value: T) -> Result<TimerKey, T> {
         let index = if self.free_head != NONE {
             let index = self.free_head;
             let e = &mut self.entries[index as usize];
             debug_assert!(!e.occupied());
             self.free_head = e.pos;
-            e.gen = e.gen.wrapping_add(1);
             e.deadline = deadline;
+            e.value.write(value);
+            e.gen = e.gen.wrapping_add(1);
             index
         } else {
-            let index = u32::try_from(self.entries.len())
+            let Some(index) = u32::try_from(self.entries.len())
                 .ok()
-                .filter(|&i| i != NONE)?;
-            self.entries.push(KeyEntry {
+                .filter(|&i| i != NONE)
+            else {
+                return Err(value);
+            };
+            self.entries.push(Record {
                 deadline,
                 gen: self.gen_floor | 1,
                 pos: 0,
+                value: MaybeUninit::new(value),
             });
             index
         };
         self.len += 1;
-        Some(TimerKey {
+        Ok(TimerKey {
             index,
             gen: self.entries[index as usize].gen,
         })
@@ -111,35 +149,51 @@ impl Keys {
 
     /// The record of a live key, or `None` for a stale one.
     #[inline]
-    pub(crate) fn get(&self, key: TimerKey) -> Option<&KeyEntry> {
+    pub(crate) fn get(&self, key: TimerKey) -> Option<&Record<T>> {
         self.entries
             .get(key.index as usize)
             .filter(|e| e.gen == key.gen && e.occupied())
     }
 
-    /// Frees the record at `index` (which must be occupied) and returns the key it had and its
-    /// deadline.
+    /// The key of the occupied record at `index`.
     #[inline]
-    pub(crate) fn free(&mut self, index: u32) -> (TimerKey, u64) {
-        let e = &mut self.entries[index as usize];
-        debug_assert!(e.occupied());
-        let key = TimerKey { index, gen: e.gen };
-        let deadline = e.deadline;
-        e.gen = e.gen.wrapping_add(1);
-        e.pos = self.free_head;
-        self.free_head = index;
-        self.len -= 1;
-        (key, deadline)
+    pub(crate) fn key_at(&self, index: u32) -> TimerKey {
+        TimerKey {
+            index,
+            gen: self.entries[index as usize].gen,
+        }
     }
 
-    /// Frees every record (used by `clear`); keys handed out before stay stale.
+    /// Empties the record at `index` and returns the key it had, its deadline and its value.
+    ///
+    /// # Panics
+    ///
+    /// If the record is vacant: that would be a bug in the wheel (an element pointing at a freed
+    /// record), and reading the value would be undefined behaviour, so it is checked always.
+    #[inline]
+    pub(crate) fn take(&mut self, index: u32) -> (TimerKey, u64, T) {
+        let free_head = self.free_head;
+        let e = &mut self.entries[index as usize];
+        assert!(e.occupied(), "delaywheel bug: taking a vacant record");
+        let key = TimerKey { index, gen: e.gen };
+        e.gen = e.gen.wrapping_add(1);
+        e.pos = free_head;
+        // SAFETY: the record was occupied (checked above), so `value` was initialised; the
+        // generation is now even, so it is never read again until `alloc` writes a new value.
+        let value = unsafe { e.value.assume_init_read() };
+        self.free_head = index;
+        self.len -= 1;
+        (key, e.deadline, value)
+    }
+
+    /// Drops every value and frees every record (used by `clear`); keys handed out before stay
+    /// stale.
     pub(crate) fn free_all(&mut self) {
-        for e in &mut self.entries {
-            if e.occupied() {
-                e.gen = e.gen.wrapping_add(1);
+        for i in 0..self.entries.len() {
+            if self.entries[i].occupied() {
+                drop(self.take(i as u32));
             }
         }
-        self.len = 0;
         self.rebuild_free_list();
     }
 
@@ -152,9 +206,9 @@ impl Keys {
                 break;
             }
             // Keys naming this index stay stale: new records start above every generation it had.
-            // (`last.gen` is even; a wrapped generation can only make a stale key collide after
-            // 2^31 reuses of one record, as with any 32-bit generation.)
+            // (A 32-bit generation can only make a stale key collide after 2^31 reuses.)
             self.gen_floor = self.gen_floor.max(last.gen.wrapping_add(2) & !1);
+            // A vacant record holds no value, so popping it drops nothing.
             self.entries.pop();
         }
         self.entries.shrink_to_fit();
@@ -172,6 +226,19 @@ impl Keys {
     }
 
     pub(crate) fn capacity_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<KeyEntry>()
+        self.entries.capacity() * std::mem::size_of::<Record<T>>()
+    }
+}
+
+impl<T> Drop for Keys<T> {
+    fn drop(&mut self) {
+        for e in &mut self.entries {
+            if e.occupied() {
+                e.gen = e.gen.wrapping_add(1);
+                // SAFETY: occupied, so initialised; the generation was made even first, so even
+                // if this drop panics the value is never read or dropped again.
+                unsafe { e.value.assume_init_drop() };
+            }
+        }
     }
 }
