@@ -7,6 +7,9 @@
 //! The crate is layered, each layer depending only on the ones above it in this list:
 //!
 //! 1. [`wheel`]: the pure data structure. No clock, no threads, no I/O; time is a `u64` tick.
+//! 2. The engine ([`Timer`]): the clock, sharded wheels behind mutexes, a driver thread that
+//!    sleeps until the next deadline, and delivery to a channel, a callback pool or (feature
+//!    `tokio`) futures and streams.
 //!
 //! ```
 //! use delaywheel::wheel::Wheel;
@@ -28,6 +31,24 @@
 #![deny(unsafe_code)]
 
 pub mod wheel;
+
+mod clock;
+mod delivery;
+mod error;
+mod shard;
+#[cfg(feature = "tokio")]
+pub mod sleep;
+mod stats;
+#[cfg(feature = "tokio")]
+mod stream;
+mod timer;
+
+pub use clock::ManualClock;
+pub use error::{BuildError, ScheduleError};
+pub use stats::{Lateness, Stats};
+#[cfg(feature = "tokio")]
+pub use stream::ExpirationStream;
+pub use timer::{Expiration, Pending, Timer, TimerBuilder, TimerId};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

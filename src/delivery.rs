@@ -1,0 +1,145 @@
+//! Where expired timers go: a crossbeam channel, a callback pool, or (feature `tokio`) a
+//! stream. The driver hands each batch over after releasing every shard lock.
+//!
+//! A bounded channel or pool queue that is full blocks the driver: that is the backpressure.
+//! Nothing is dropped; the driver re-checks for shutdown every few milliseconds while it waits,
+//! and an expiration it could not hand over is returned by `shutdown()`.
+
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
+
+use crate::timer::Expiration;
+
+/// How long a blocked send waits before looking at the shutdown flag again.
+const SEND_RECHECK: Duration = Duration::from_millis(5);
+
+pub(crate) enum Sink<T> {
+    Channel(Sender<Expiration<T>>),
+    Pool {
+        tx: Sender<Expiration<T>>,
+        workers: Vec<JoinHandle<()>>,
+    },
+    /// Runs on the driver thread itself: only for work that cannot block (waking a future).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    Inline(Arc<dyn Fn(Expiration<T>) + Send + Sync>),
+    #[cfg(feature = "tokio")]
+    Stream {
+        tx: Sender<Expiration<T>>,
+        waker: Arc<atomic_waker::AtomicWaker>,
+    },
+}
+
+impl<T> fmt::Debug for Sink<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Sink::Channel(_) => "Sink::Channel",
+            Sink::Pool { .. } => "Sink::Pool",
+            Sink::Inline(_) => "Sink::Inline",
+            #[cfg(feature = "tokio")]
+            Sink::Stream { .. } => "Sink::Stream",
+        })
+    }
+}
+
+impl<T: Send + 'static> Sink<T> {
+    /// A pool of `workers` threads running `f`, fed through a queue of `bound` expirations.
+    pub(crate) fn pool(
+        workers: usize,
+        bound: usize,
+        f: Arc<dyn Fn(Expiration<T>) + Send + Sync>,
+    ) -> std::io::Result<Sink<T>> {
+        let (tx, rx) = crossbeam_channel::bounded::<Expiration<T>>(bound);
+        let mut handles = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let rx = rx.clone();
+            let f = f.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("delaywheel-cb-{i}"))
+                    .spawn(move || {
+                        for exp in rx {
+                            let id = exp.id;
+                            // A panicking callback must not take the worker (and every later
+                            // timer on it) down with it.
+                            if catch_unwind(AssertUnwindSafe(|| f(exp))).is_err() {
+                                tracing::error!(?id, "timer callback panicked");
+                            }
+                        }
+                    })?,
+            );
+        }
+        Ok(Sink::Pool {
+            tx,
+            workers: handles,
+        })
+    }
+}
+
+impl<T> Sink<T> {
+    /// Hands one expiration over, blocking while a bounded queue is full. Gives it back when
+    /// the receiving side is gone, or when `stopping()` turns true while blocked.
+    pub(crate) fn deliver(
+        &self,
+        exp: Expiration<T>,
+        stopping: impl Fn() -> bool,
+    ) -> Result<(), Expiration<T>> {
+        let tx = match self {
+            Sink::Inline(f) => {
+                f(exp);
+                return Ok(());
+            }
+            Sink::Channel(tx) | Sink::Pool { tx, .. } => tx,
+            #[cfg(feature = "tokio")]
+            Sink::Stream { tx, .. } => tx,
+        };
+        let mut exp = exp;
+        loop {
+            if stopping() {
+                // Shutting down: one last try, then hand it back rather than wait.
+                match tx.try_send(exp) {
+                    Ok(()) => break,
+                    Err(TrySendError::Full(back) | TrySendError::Disconnected(back)) => {
+                        return Err(back)
+                    }
+                }
+            }
+            match tx.send_timeout(exp, SEND_RECHECK) {
+                Ok(()) => break,
+                Err(SendTimeoutError::Timeout(back)) => exp = back,
+                Err(SendTimeoutError::Disconnected(back)) => return Err(back),
+            }
+        }
+        #[cfg(feature = "tokio")]
+        if let Sink::Stream { waker, .. } = self {
+            waker.wake();
+        }
+        Ok(())
+    }
+
+    /// Closes the queue and waits for pool workers to finish what was queued.
+    pub(crate) fn close(self) {
+        match self {
+            Sink::Pool { tx, workers } => {
+                drop(tx);
+                let me = std::thread::current().id();
+                for w in workers {
+                    // A callback that drops the last handle runs on a worker: don't join itself.
+                    if w.thread().id() != me {
+                        let _ = w.join();
+                    }
+                }
+            }
+            #[cfg(feature = "tokio")]
+            Sink::Stream { tx, waker } => {
+                drop(tx);
+                waker.wake();
+            }
+            Sink::Channel(_) | Sink::Inline(_) => {}
+        }
+    }
+}

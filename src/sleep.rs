@@ -1,0 +1,229 @@
+//! `sleep` and `timeout` futures backed by the engine instead of the runtime's global timer
+//! (feature `tokio`; they work on any executor).
+//!
+//! Each future schedules one timer when it is created and cancels it when dropped. The driver
+//! thread wakes the task directly when the timer fires.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use atomic_waker::AtomicWaker;
+
+use crate::delivery::Sink;
+use crate::error::BuildError;
+use crate::timer::{Timer, TimerBuilder, TimerId};
+
+const PENDING: u8 = 0;
+const FIRED: u8 = 1;
+const SHUT_DOWN: u8 = 2;
+
+#[derive(Debug, Default)]
+struct SleepState {
+    state: AtomicU8,
+    waker: AtomicWaker,
+}
+
+/// The value a [`Sleeper`]'s timers carry: it wakes its future when it fires, and, if it is
+/// dropped unfired (the engine shut down), wakes it with an error instead of leaving it hanging.
+#[derive(Debug)]
+pub struct Wakeup(Arc<SleepState>);
+
+impl Wakeup {
+    fn fire(self) {
+        self.0.state.store(FIRED, SeqCst);
+        self.0.waker.wake();
+    }
+}
+
+impl Drop for Wakeup {
+    fn drop(&mut self) {
+        if self
+            .0
+            .state
+            .compare_exchange(PENDING, SHUT_DOWN, SeqCst, SeqCst)
+            .is_ok()
+        {
+            self.0.waker.wake();
+        }
+    }
+}
+
+/// The engine shut down before the timer fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineShutdown;
+
+impl fmt::Display for EngineShutdown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the timer engine shut down before the timer fired")
+    }
+}
+
+impl std::error::Error for EngineShutdown {}
+
+/// Why a [`Timeout`] did not return the inner future's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutError {
+    /// The deadline passed first.
+    Elapsed,
+    /// The engine shut down first.
+    Shutdown,
+}
+
+impl fmt::Display for TimeoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TimeoutError::Elapsed => f.write_str("deadline elapsed"),
+            TimeoutError::Shutdown => f.write_str("the timer engine shut down"),
+        }
+    }
+}
+
+impl std::error::Error for TimeoutError {}
+
+/// An engine for futures: `sleep` and `timeout` on the wheel, so that a gateway can move its
+/// request timeouts off the runtime's global timer. Cheap to clone.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use delaywheel::sleep::{Sleeper, TimeoutError};
+///
+/// let sleeper = Sleeper::new().unwrap();
+/// sleeper.sleep(Duration::from_millis(2)).await.unwrap();
+/// let slow = std::future::pending::<()>();
+/// assert_eq!(sleeper.timeout(Duration::from_millis(2), slow).await, Err(TimeoutError::Elapsed));
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Sleeper {
+    timer: Timer<Wakeup>,
+}
+
+impl Sleeper {
+    /// A sleeper on an engine with the default settings.
+    pub fn new() -> Result<Sleeper, BuildError> {
+        Sleeper::with_builder(Timer::builder())
+    }
+
+    /// A sleeper on an engine configured by `builder` (tick, shards, clock...). The driver
+    /// wakes the tasks itself, so there is no delivery to choose.
+    pub fn with_builder(builder: TimerBuilder<Wakeup>) -> Result<Sleeper, BuildError> {
+        let timer = builder.build_with(Sink::Inline(Arc::new(|e| Wakeup::fire(e.value))))?;
+        Ok(Sleeper { timer })
+    }
+
+    /// The engine behind this sleeper (for `stats()` or `shutdown()`).
+    pub fn timer(&self) -> &Timer<Wakeup> {
+        &self.timer
+    }
+
+    /// A future that completes `delay` from now (rounded up to the tick), or with
+    /// [`EngineShutdown`] if the engine shuts down first. The timer is scheduled now, and
+    /// cancelled if the future is dropped before it fires.
+    pub fn sleep(&self, delay: Duration) -> Sleep {
+        let state = Arc::new(SleepState::default());
+        let id = self.timer.schedule(Wakeup(state.clone()), delay).ok();
+        Sleep {
+            state,
+            id,
+            timer: self.timer.clone(),
+        }
+    }
+
+    /// Runs `future` with a deadline `delay` from now.
+    pub fn timeout<F: Future>(&self, delay: Duration, future: F) -> Timeout<F> {
+        Timeout {
+            future,
+            sleep: self.sleep(delay),
+        }
+    }
+}
+
+/// The future returned by [`Sleeper::sleep`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct Sleep {
+    state: Arc<SleepState>,
+    id: Option<TimerId>,
+    timer: Timer<Wakeup>,
+}
+
+impl fmt::Debug for Sleep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sleep").field("id", &self.id).finish()
+    }
+}
+
+impl Future for Sleep {
+    type Output = Result<(), EngineShutdown>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let check = |s: &SleepState| match s.state.load(SeqCst) {
+            FIRED => Some(Ok(())),
+            SHUT_DOWN => Some(Err(EngineShutdown)),
+            _ => None,
+        };
+        // Scheduling failed (the engine was already shut down).
+        if self.id.is_none() {
+            return Poll::Ready(Err(EngineShutdown));
+        }
+        if let Some(done) = check(&self.state) {
+            return Poll::Ready(done);
+        }
+        self.state.waker.register(cx.waker());
+        match check(&self.state) {
+            Some(done) => Poll::Ready(done),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            if self.state.state.load(SeqCst) == PENDING {
+                // Cancel-on-drop: the wheel forgets the timer at once.
+                drop(self.timer.cancel(id));
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future returned by [`Sleeper::timeout`].
+    #[must_use = "futures do nothing unless awaited"]
+    pub struct Timeout<F> {
+        #[pin]
+        future: F,
+        sleep: Sleep,
+    }
+}
+
+impl<F> fmt::Debug for Timeout<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Timeout")
+            .field("sleep", &self.sleep)
+            .finish()
+    }
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, TimeoutError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(v) = this.future.poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        match Pin::new(this.sleep).poll(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Err(TimeoutError::Elapsed)),
+            Poll::Ready(Err(EngineShutdown)) => Poll::Ready(Err(TimeoutError::Shutdown)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Observability: the `stats()` snapshot, the lateness histogram, and the `metrics` facade.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// A snapshot of an engine's state, from [`Timer::stats`](crate::Timer::stats).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// Pending timers in each shard.
+    pub pending_per_shard: Vec<usize>,
+    /// Pending timers on each wheel level, summed over shards (index 0 = lowest level); timers
+    /// due but not yet delivered and timers in the overflow tier are not on a level.
+    pub pending_per_level: Vec<usize>,
+    /// Timers scheduled since start.
+    pub scheduled: u64,
+    /// Timers cancelled before they fired.
+    pub cancelled: u64,
+    /// Successful resets.
+    pub reset: u64,
+    /// Timers taken out of the wheel because they were due.
+    pub fired: u64,
+    /// Lateness (delivery time − deadline) of delivered timers.
+    pub lateness: Lateness,
+}
+
+impl Stats {
+    /// All pending timers.
+    pub fn pending(&self) -> usize {
+        self.pending_per_shard.iter().sum()
+    }
+}
+
+/// Lateness percentiles: how long after its deadline each timer was handed to the delivery
+/// (channel send, callback queue or stream). Recorded with microsecond resolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lateness {
+    /// Timers recorded.
+    pub count: u64,
+    /// Median.
+    pub p50: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// Maximum.
+    pub max: Duration,
+}
+
+/// The driver's lateness histogram, in microseconds (up to an hour; beyond saturates).
+#[derive(Debug)]
+pub(crate) struct LatenessHistogram(Histogram<u64>);
+
+const MAX_US: u64 = 3_600_000_000;
+
+impl LatenessHistogram {
+    pub(crate) fn new() -> LatenessHistogram {
+        // 3 significant digits, 1 µs .. 1 h: a few tens of KiB. These bounds are valid
+        // constants (`new_with_bounds` only fails for low < 1, high < 2 × low or sigfig > 5).
+        LatenessHistogram(
+            Histogram::new_with_bounds(1, MAX_US, 3).expect("constant histogram bounds are valid"),
+        )
+    }
+
+    pub(crate) fn record(&mut self, late: Duration) {
+        let us = u64::try_from(late.as_micros())
+            .unwrap_or(MAX_US)
+            .clamp(1, MAX_US);
+        self.0.saturating_record(us);
+    }
+
+    pub(crate) fn snapshot(&self) -> Lateness {
+        let us = |v: u64| Duration::from_micros(v);
+        Lateness {
+            count: self.0.len(),
+            p50: us(self.0.value_at_quantile(0.5)),
+            p99: us(self.0.value_at_quantile(0.99)),
+            max: us(self.0.max()),
+        }
+    }
+}
+
+/// Publishes a snapshot through the `metrics` facade (a no-op without a recorder).
+pub(crate) fn publish(stats: &Stats) {
+    metrics::gauge!("delaywheel_pending").set(stats.pending() as f64);
+    for (shard, &n) in stats.pending_per_shard.iter().enumerate() {
+        metrics::gauge!("delaywheel_pending_shard", "shard" => shard.to_string()).set(n as f64);
+    }
+    for (level, &n) in stats.pending_per_level.iter().enumerate() {
+        metrics::gauge!("delaywheel_pending_level", "level" => level.to_string()).set(n as f64);
+    }
+    metrics::counter!("delaywheel_scheduled_total").absolute(stats.scheduled);
+    metrics::counter!("delaywheel_cancelled_total").absolute(stats.cancelled);
+    metrics::counter!("delaywheel_reset_total").absolute(stats.reset);
+    metrics::counter!("delaywheel_fired_total").absolute(stats.fired);
+    metrics::gauge!("delaywheel_lateness_p50_seconds").set(stats.lateness.p50.as_secs_f64());
+    metrics::gauge!("delaywheel_lateness_p99_seconds").set(stats.lateness.p99.as_secs_f64());
+    metrics::gauge!("delaywheel_lateness_max_seconds").set(stats.lateness.max.as_secs_f64());
+}

@@ -1,0 +1,69 @@
+//! An async `Stream` of expirations (feature `tokio`; it works on any executor).
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use atomic_waker::AtomicWaker;
+use crossbeam_channel::{Receiver, TryRecvError};
+use futures_core::Stream;
+
+use crate::delivery::Sink;
+use crate::error::BuildError;
+use crate::timer::{Expiration, Timer, TimerBuilder};
+
+/// The expirations of an engine built with [`TimerBuilder::build_stream`], as a
+/// `futures_core::Stream`. It ends once the engine has shut down and everything delivered has
+/// been read.
+pub struct ExpirationStream<T> {
+    rx: Receiver<Expiration<T>>,
+    waker: Arc<AtomicWaker>,
+}
+
+impl<T> fmt::Debug for ExpirationStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExpirationStream")
+            .field("buffered", &self.rx.len())
+            .finish()
+    }
+}
+
+// Nothing in the stream is ever pinned in place (no pin projection), so it may move freely.
+impl<T> Unpin for ExpirationStream<T> {}
+
+impl<T> Stream for ExpirationStream<T> {
+    type Item = Expiration<T>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Expiration<T>>> {
+        let this = self.get_mut();
+        for attempt in 0..2 {
+            match this.rx.try_recv() {
+                Ok(e) => return Poll::Ready(Some(e)),
+                Err(TryRecvError::Disconnected) => return Poll::Ready(None),
+                // Register, then look again: a send between the two is not missed.
+                Err(TryRecvError::Empty) if attempt == 0 => this.waker.register(cx.waker()),
+                Err(TryRecvError::Empty) => {}
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: Send + 'static> TimerBuilder<T> {
+    /// Builds an engine whose expirations are read as an async [`ExpirationStream`], through a
+    /// queue of `bound` expirations (backpressure as for a bounded channel: the driver waits,
+    /// nothing is dropped). Only with the `tokio` feature.
+    pub fn build_stream(self, bound: usize) -> Result<(Timer<T>, ExpirationStream<T>), BuildError> {
+        if bound == 0 {
+            return Err(BuildError::ZeroCapacity);
+        }
+        let (tx, rx) = crossbeam_channel::bounded(bound);
+        let waker = Arc::new(AtomicWaker::new());
+        let timer = self.build_with(Sink::Stream {
+            tx,
+            waker: waker.clone(),
+        })?;
+        Ok((timer, ExpirationStream { rx, waker }))
+    }
+}

@@ -1,0 +1,603 @@
+//! The engine's public face: [`Timer`], its [`TimerBuilder`], and the types it hands out.
+//!
+//! # Ground rules
+//!
+//! * Each shard's wheel and counters are touched only under that shard's mutex; no lock is held
+//!   while another is taken, and none is held while delivering.
+//! * Only one turn (collect due timers, deliver them) runs at a time: the driver thread's, or
+//!   a caller's [`Timer::fire_due`]; `Core::turn_buf` is that turn's lock and scratch buffer.
+//! * The wake handshake: a producer that inserts a timer due before `next_wake` unparks the
+//!   driver. The driver sets `next_wake` to `u64::MAX` *before* it scans the shards and to the
+//!   earliest deadline it found *after*, so an insert it did not see always unparks it, and an
+//!   unpark that comes before it parks makes that park return at once (thread park tokens).
+
+use std::cell::Cell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use parking_lot::Mutex;
+
+use crate::clock::{Clock, ManualClock, Ticks};
+use crate::delivery::Sink;
+use crate::error::{BuildError, ScheduleError};
+use crate::shard::{new_shard, Shard};
+use crate::stats::{publish, LatenessHistogram, Stats};
+use crate::wheel::{Expired, Layout, TimerKey};
+
+/// Names a scheduled timer: its shard and its key in that shard's wheel. Ids are
+/// generation-checked: once the timer fired or was cancelled, operations on the id return
+/// `None`/`false`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TimerId {
+    shard: u32,
+    key: TimerKey,
+}
+
+impl fmt::Debug for TimerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TimerId({}:{:?})", self.shard, self.key)
+    }
+}
+
+/// A timer that fired, as delivered to the channel, callback or stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expiration<T> {
+    /// The id `schedule` returned.
+    pub id: TimerId,
+    /// When it was due (rounded up to the tick).
+    pub deadline: Instant,
+    /// The value it carried.
+    pub value: T,
+}
+
+/// A timer handed back by [`Timer::shutdown`]: still pending, or fired but not delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending<T> {
+    /// The id `schedule` returned.
+    pub id: TimerId,
+    /// When it is due, or `None` if that is beyond what `Instant` can represent.
+    pub deadline: Option<Instant>,
+    /// The value it carries.
+    pub value: T,
+}
+
+pub(crate) struct Core<T> {
+    shards: Box<[Shard<T>]>,
+    ticks: Ticks,
+    clock: Clock,
+    /// See the ground rules.
+    next_wake: AtomicU64,
+    driver: OnceLock<Thread>,
+    stopping: AtomicBool,
+    stopped: AtomicBool,
+    sink: Mutex<Option<Sink<T>>>,
+    undelivered: Mutex<Vec<Expiration<T>>>,
+    lateness: Mutex<LatenessHistogram>,
+    lateness_warn: Duration,
+    next_shard: AtomicUsize,
+    turn_buf: Mutex<Vec<(u32, Expired<T>)>>,
+}
+
+thread_local! {
+    /// Which shard this thread schedules into (modulo the shard count), picked round-robin on
+    /// first use, so producers on different threads mostly use different shards.
+    static SHARD_HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+impl<T> Core<T> {
+    #[inline]
+    fn shard_index(&self) -> usize {
+        let hint = SHARD_HINT.with(|c| {
+            let mut v = c.get();
+            if v == usize::MAX {
+                v = self.next_shard.fetch_add(1, SeqCst);
+                c.set(v);
+            }
+            v
+        });
+        hint % self.shards.len()
+    }
+
+    /// Wakes the driver if a timer due at `tick` is earlier than what it sleeps until.
+    #[inline]
+    fn wake_for(&self, tick: u64) {
+        if tick < self.next_wake.load(SeqCst) {
+            if let Some(driver) = self.driver.get() {
+                driver.unpark();
+            }
+        }
+    }
+
+    fn insert(&self, tick: u64, value: T) -> Result<TimerId, ScheduleError<T>> {
+        let shard = self.shard_index();
+        let key = {
+            let mut s = self.shards[shard].lock();
+            // Checked under the shard lock: `shutdown` sets the flag before it drains the shards,
+            // so a timer is either drained and handed back, or refused here. Never lost.
+            if self.stopping.load(SeqCst) {
+                return Err(ScheduleError::Shutdown(value));
+            }
+            let key = s.wheel.try_insert(tick, value);
+            if key.is_ok() {
+                s.scheduled += 1;
+            }
+            key
+        }
+        .map_err(|e| ScheduleError::Capacity(e.0))?;
+        self.wake_for(tick);
+        Ok(TimerId {
+            shard: shard as u32,
+            key,
+        })
+    }
+
+    /// Collects every due timer, delivers them with no shard lock held, and returns the
+    /// earliest pending deadline tick.
+    pub(crate) fn turn(&self) -> (usize, Option<u64>) {
+        let mut buf = self.turn_buf.lock();
+        let now_tick = self.ticks.now_tick(self.clock.now());
+        let mut next: Option<u64> = None;
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut s = shard.lock();
+            let before = buf.len();
+            while let Some(e) = s.wheel.poll(now_tick) {
+                buf.push((i as u32, e));
+            }
+            s.fired += (buf.len() - before) as u64;
+            if let Some(d) = s.wheel.next_deadline() {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        let fired = buf.len();
+        if fired == 0 {
+            return (0, next);
+        }
+        if self.shards.len() > 1 {
+            buf.sort_by_key(|(_, e)| e.deadline);
+        }
+        let sink = self.sink.lock();
+        let mut lateness = self.lateness.lock();
+        for (shard, e) in buf.drain(..) {
+            let now = self.clock.now();
+            let deadline = self.ticks.instant_of(e.deadline).unwrap_or(now);
+            let late = now.saturating_duration_since(deadline);
+            lateness.record(late);
+            if late > self.lateness_warn {
+                tracing::warn!(?late, deadline_tick = e.deadline, "timer delivered late");
+            }
+            let exp = Expiration {
+                id: TimerId { shard, key: e.key },
+                deadline,
+                value: e.value,
+            };
+            let result = match sink.as_ref() {
+                Some(sink) => sink.deliver(exp, || self.stopping.load(SeqCst)),
+                None => Err(exp),
+            };
+            if let Err(exp) = result {
+                self.undelivered.lock().push(exp);
+            }
+        }
+        (fired, next)
+    }
+}
+
+/// The driver thread: turn, then sleep until the next deadline (or until woken).
+fn drive<T>(core: Arc<Core<T>>) {
+    tracing::debug!(shards = core.shards.len(), "delaywheel driver started");
+    while !core.stopping.load(SeqCst) {
+        core.next_wake.store(u64::MAX, SeqCst);
+        let (_, next) = core.turn();
+        if core.stopping.load(SeqCst) {
+            break;
+        }
+        match next {
+            None => std::thread::park(),
+            Some(tick) => {
+                core.next_wake.store(tick, SeqCst);
+                match &core.clock {
+                    Clock::Manual(_) => {
+                        if tick > core.ticks.now_tick(core.clock.now()) {
+                            std::thread::park();
+                        }
+                    }
+                    Clock::Monotonic => {
+                        let now = Instant::now();
+                        match core.ticks.until(now, tick) {
+                            Some(d) if d.is_zero() => {}
+                            Some(d) => std::thread::park_timeout(d),
+                            None => std::thread::park(),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tracing::debug!("delaywheel driver stopped");
+}
+
+/// Shuts the engine down when the last [`Timer`] handle is dropped.
+struct Handle<T> {
+    core: Arc<Core<T>>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<T> Handle<T> {
+    /// Stops the driver, closes the delivery, and takes every timer out of the shards.
+    fn stop(&self) -> Vec<Pending<T>> {
+        let core = &self.core;
+        core.stopping.store(true, SeqCst);
+        if let Some(driver) = core.driver.get() {
+            driver.unpark();
+        }
+        if let Some(handle) = self.driver.lock().take() {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+        if let Some(sink) = core.sink.lock().take() {
+            sink.close();
+        }
+        let mut out = Vec::new();
+        if core.stopped.swap(true, SeqCst) {
+            return out;
+        }
+        for (i, shard) in core.shards.iter().enumerate() {
+            let mut s = shard.lock();
+            out.extend(s.wheel.drain().map(|e| Pending {
+                id: TimerId {
+                    shard: i as u32,
+                    key: e.key,
+                },
+                deadline: core.ticks.instant_of(e.deadline),
+                value: e.value,
+            }));
+        }
+        out.extend(core.undelivered.lock().drain(..).map(|e| Pending {
+            id: e.id,
+            deadline: Some(e.deadline),
+            value: e.value,
+        }));
+        tracing::debug!(pending = out.len(), "delaywheel shut down");
+        out
+    }
+}
+
+impl<T> Drop for Handle<T> {
+    fn drop(&mut self) {
+        let left = self.stop();
+        if !left.is_empty() {
+            tracing::warn!(
+                dropped = left.len(),
+                "last timer handle dropped with timers pending; call shutdown() to keep them"
+            );
+        }
+    }
+}
+
+/// A thread-safe timer service: sharded wheels, a driver thread that sleeps until the next
+/// deadline, and delivery to a channel, a callback pool or a stream.
+///
+/// Cloning is cheap and every clone drives the same engine. Dropping the last clone shuts the
+/// engine down (dropping whatever is pending; call [`shutdown`](Self::shutdown) to get it back).
+///
+/// ```
+/// use std::time::Duration;
+/// use delaywheel::Timer;
+///
+/// let (timer, expired) = Timer::builder().build_channel(None).unwrap();
+/// let id = timer.schedule("request 1", Duration::from_millis(5)).unwrap();
+/// timer.schedule("request 2", Duration::from_millis(10)).unwrap();
+/// assert_eq!(timer.cancel(id), Some("request 1"));
+/// let fired = expired.recv().unwrap();
+/// assert_eq!(fired.value, "request 2");
+/// assert!(fired.deadline <= std::time::Instant::now());
+/// ```
+pub struct Timer<T> {
+    core: Arc<Core<T>>,
+    handle: Arc<Handle<T>>,
+}
+
+impl<T> Clone for Timer<T> {
+    fn clone(&self) -> Self {
+        Timer {
+            core: self.core.clone(),
+            handle: self.handle.clone(),
+        }
+    }
+}
+
+impl<T> fmt::Debug for Timer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Timer")
+            .field("shards", &self.core.shards.len())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl<T: Send + 'static> Timer<T> {
+    /// A builder with the defaults: 1 ms tick, one shard per available core, the default
+    /// wheel layout, the real monotonic clock, and a driver thread.
+    pub fn builder() -> TimerBuilder<T> {
+        TimerBuilder {
+            tick: Duration::from_millis(1),
+            shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            layout: Layout::default(),
+            clock: Clock::Monotonic,
+            lateness_warn: Duration::from_millis(10),
+            spawn_driver: true,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> Timer<T> {
+    /// Schedules `value` to fire `delay` from now (rounded up to the tick).
+    ///
+    /// Any delay works: one past the wheel's range, or `Duration::MAX`, simply waits. A zero
+    /// delay fires at the driver's next turn. Errors hand the value back:
+    /// [`ScheduleError::Shutdown`] after [`shutdown`](Self::shutdown), and
+    /// [`ScheduleError::Capacity`] when the shard holds `u32::MAX - 1` timers.
+    pub fn schedule(&self, value: T, delay: Duration) -> Result<TimerId, ScheduleError<T>> {
+        let tick = self.core.ticks.tick_after(self.core.clock.now(), delay);
+        self.core.insert(tick, value)
+    }
+
+    /// Schedules `value` to fire at `at` (rounded up to the tick). An `at` in the past fires at
+    /// the driver's next turn. Errors as for [`schedule`](Self::schedule).
+    pub fn schedule_at(&self, value: T, at: Instant) -> Result<TimerId, ScheduleError<T>> {
+        self.core.insert(self.core.ticks.deadline_tick(at), value)
+    }
+
+    /// Cancels a pending timer and returns its value; `None` if it already fired, was
+    /// cancelled, or the id is not from this engine.
+    pub fn cancel(&self, id: TimerId) -> Option<T> {
+        let shard = self.core.shards.get(id.shard as usize)?;
+        let mut s = shard.lock();
+        let value = s.wheel.cancel(id.key)?;
+        s.cancelled += 1;
+        Some(value)
+    }
+
+    /// Moves a pending timer to `delay` from now, keeping its id; `false` if it already fired,
+    /// was cancelled, or the id is not from this engine.
+    pub fn reset(&self, id: TimerId, delay: Duration) -> bool {
+        let Some(shard) = self.core.shards.get(id.shard as usize) else {
+            return false;
+        };
+        let tick = self.core.ticks.tick_after(self.core.clock.now(), delay);
+        let ok = {
+            let mut s = shard.lock();
+            let ok = s.wheel.reset(id.key, tick);
+            s.reset += u64::from(ok);
+            ok
+        };
+        if ok {
+            self.core.wake_for(tick);
+        }
+        ok
+    }
+
+    /// Pending timers, over all shards.
+    pub fn len(&self) -> usize {
+        self.core.shards.iter().map(|s| s.lock().wheel.len()).sum()
+    }
+
+    /// Whether no timer is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The engine clock's current time.
+    pub fn now(&self) -> Instant {
+        self.core.clock.now()
+    }
+
+    /// Delivers every timer that is due now, on the calling thread, and returns how many. With
+    /// [`TimerBuilder::manual_driver`] this is the only way timers fire; with the driver thread
+    /// it is harmless (turns take a lock, so they never overlap).
+    pub fn fire_due(&self) -> usize {
+        self.core.turn().0
+    }
+
+    /// A snapshot of the counters, pending timers per shard and level, and lateness; it is also
+    /// published through the `metrics` facade.
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats {
+            pending_per_shard: Vec::with_capacity(self.core.shards.len()),
+            pending_per_level: Vec::new(),
+            scheduled: 0,
+            cancelled: 0,
+            reset: 0,
+            fired: 0,
+            lateness: self.core.lateness.lock().snapshot(),
+        };
+        for shard in self.core.shards.iter() {
+            let s = shard.lock();
+            stats.pending_per_shard.push(s.wheel.len());
+            let levels = s.wheel.pending_per_level();
+            stats.pending_per_level.resize(levels.len(), 0);
+            for (acc, n) in stats.pending_per_level.iter_mut().zip(levels) {
+                *acc += n;
+            }
+            stats.scheduled += s.scheduled;
+            stats.cancelled += s.cancelled;
+            stats.reset += s.reset;
+            stats.fired += s.fired;
+        }
+        publish(&stats);
+        stats
+    }
+
+    /// Stops the driver, waits for callback workers to finish what they were given, and returns
+    /// every timer not delivered: those still pending and any that fired but could not be handed
+    /// over (a full queue at shutdown, or a dropped receiver). Later schedules fail with
+    /// [`ScheduleError::Shutdown`]; a second call returns an empty list.
+    pub fn shutdown(&self) -> Vec<Pending<T>> {
+        self.handle.stop()
+    }
+}
+
+/// Configures and starts a [`Timer`]. From [`Timer::builder`].
+pub struct TimerBuilder<T> {
+    tick: Duration,
+    shards: usize,
+    layout: Layout,
+    clock: Clock,
+    lateness_warn: Duration,
+    spawn_driver: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for TimerBuilder<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TimerBuilder")
+            .field("tick", &self.tick)
+            .field("shards", &self.shards)
+            .field("layout", &self.layout)
+            .field("clock", &self.clock)
+            .field("spawn_driver", &self.spawn_driver)
+            .finish()
+    }
+}
+
+impl<T: Send + 'static> TimerBuilder<T> {
+    /// The tick length (default 1 ms): deadlines round up to it. Zero is refused at build.
+    pub fn tick(mut self, tick: Duration) -> Self {
+        self.tick = tick;
+        self
+    }
+
+    /// The number of shards (default: available cores). Must be in `1..=65536`.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The wheel layout of every shard.
+    pub fn layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Reads time from `clock` instead of the real monotonic clock; every `advance` wakes the
+    /// driver.
+    pub fn manual_clock(mut self, clock: &ManualClock) -> Self {
+        self.clock = Clock::Manual(clock.clone());
+        self
+    }
+
+    /// Delivery later than this logs a `tracing` warning (default 10 ms).
+    pub fn lateness_warning(mut self, threshold: Duration) -> Self {
+        self.lateness_warn = threshold;
+        self
+    }
+
+    /// Starts no driver thread: timers fire only when [`Timer::fire_due`] is called. With a
+    /// [`ManualClock`], this makes tests fully deterministic.
+    pub fn manual_driver(mut self) -> Self {
+        self.spawn_driver = false;
+        self
+    }
+
+    /// Builds an engine that sends expirations to a crossbeam channel: bounded to `bound`
+    /// (backpressure: the driver waits while it is full, and never drops a timer) or unbounded
+    /// with `None`.
+    pub fn build_channel(
+        self,
+        bound: Option<usize>,
+    ) -> Result<(Timer<T>, Receiver<Expiration<T>>), BuildError> {
+        let (tx, rx) = match bound {
+            Some(0) => return Err(BuildError::ZeroCapacity),
+            Some(n) => crossbeam_channel::bounded(n),
+            None => crossbeam_channel::unbounded(),
+        };
+        Ok((self.build_with(Sink::Channel(tx))?, rx))
+    }
+
+    /// Builds an engine that runs `callback` for each expiration on a pool of `workers`
+    /// threads, fed by a queue of `queue` expirations (backpressure as for a bounded channel).
+    /// A slow callback holds up only its own worker; a panicking one is logged and the worker
+    /// carries on.
+    pub fn build_callback<F>(
+        self,
+        workers: usize,
+        queue: usize,
+        callback: F,
+    ) -> Result<Timer<T>, BuildError>
+    where
+        F: Fn(Expiration<T>) + Send + Sync + 'static,
+    {
+        if workers == 0 {
+            return Err(BuildError::ZeroWorkers);
+        }
+        if queue == 0 {
+            return Err(BuildError::ZeroCapacity);
+        }
+        self.validate()?;
+        let sink = Sink::pool(workers, queue, Arc::new(callback))
+            .map_err(|e| BuildError::Spawn(e.to_string()))?;
+        self.build_with(sink)
+    }
+
+    fn validate(&self) -> Result<(), BuildError> {
+        if self.tick.is_zero() {
+            return Err(BuildError::ZeroTick);
+        }
+        if self.shards == 0 || self.shards > 65_536 {
+            return Err(BuildError::Shards(self.shards));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn build_with(self, sink: Sink<T>) -> Result<Timer<T>, BuildError> {
+        self.validate()?;
+        let origin = self.clock.now();
+        let core = Arc::new(Core {
+            shards: (0..self.shards).map(|_| new_shard(self.layout)).collect(),
+            ticks: Ticks::new(origin, self.tick),
+            clock: self.clock.clone(),
+            next_wake: AtomicU64::new(u64::MAX),
+            driver: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            sink: Mutex::new(Some(sink)),
+            undelivered: Mutex::new(Vec::new()),
+            lateness: Mutex::new(LatenessHistogram::new()),
+            lateness_warn: self.lateness_warn,
+            next_shard: AtomicUsize::new(0),
+            turn_buf: Mutex::new(Vec::new()),
+        });
+        let mut driver = None;
+        if self.spawn_driver {
+            let c = core.clone();
+            let handle = std::thread::Builder::new()
+                .name("delaywheel-driver".into())
+                .spawn(move || drive(c))
+                .map_err(|e| BuildError::Spawn(e.to_string()))?;
+            let _ = core.driver.set(handle.thread().clone());
+            if let Clock::Manual(clock) = &self.clock {
+                let weak = Arc::downgrade(&core);
+                clock.on_advance(Box::new(move || {
+                    if let Some(core) = weak.upgrade() {
+                        if let Some(t) = core.driver.get() {
+                            t.unpark();
+                        }
+                    }
+                }));
+            }
+            driver = Some(handle);
+        }
+        let handle = Arc::new(Handle {
+            core: core.clone(),
+            driver: Mutex::new(driver),
+        });
+        Ok(Timer { core, handle })
+    }
+}

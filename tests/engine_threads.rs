@@ -1,0 +1,199 @@
+//! The engine with its driver thread: concurrency, backpressure, shutdown. Outcomes are checked
+//! with ids and counters, never with timing.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use delaywheel::{ManualClock, ScheduleError, Timer};
+
+const MS: Duration = Duration::from_millis(1);
+const PATIENCE: Duration = Duration::from_secs(20);
+
+#[test]
+fn manual_clock_advance_wakes_the_driver() {
+    let clock = ManualClock::new();
+    let (timer, rx) = Timer::builder()
+        .manual_clock(&clock)
+        .build_channel(None)
+        .unwrap();
+    timer.schedule(1u8, 10 * MS).unwrap();
+    clock.advance(10 * MS);
+    assert_eq!(rx.recv_timeout(PATIENCE).unwrap().value, 1);
+}
+
+#[test]
+fn a_new_earliest_timer_wakes_a_sleeping_driver() {
+    let (timer, rx) = Timer::builder().build_channel(None).unwrap();
+    timer.schedule("late", Duration::from_secs(3600)).unwrap();
+    std::thread::sleep(20 * MS); // the driver is now asleep for an hour
+    timer.schedule("soon", 5 * MS).unwrap();
+    let e = rx.recv_timeout(PATIENCE).unwrap();
+    assert_eq!(e.value, "soon");
+    assert!(e.deadline <= std::time::Instant::now());
+}
+
+#[test]
+fn concurrent_producers_every_timer_ends_exactly_once() {
+    let (timer, rx) = Timer::builder().shards(4).build_channel(None).unwrap();
+    let threads = 4;
+    let per_thread = 5_000u64;
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads as u64)
+        .map(|t| {
+            let timer = timer.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(t);
+                let mut cancelled = Vec::new();
+                let mut ids = Vec::new();
+                barrier.wait();
+                for i in 0..per_thread {
+                    let value = t * per_thread + i;
+                    let id = timer
+                        .schedule(value, Duration::from_micros(rng.u64(0..20_000)))
+                        .unwrap();
+                    ids.push((id, value));
+                    match rng.u8(0..4) {
+                        0 => {
+                            let (id, v) = ids[rng.usize(0..ids.len())];
+                            if let Some(got) = timer.cancel(id) {
+                                assert_eq!(got, v);
+                                cancelled.push(got);
+                            }
+                        }
+                        1 => {
+                            let (id, _) = ids[rng.usize(0..ids.len())];
+                            timer.reset(id, Duration::from_micros(rng.u64(0..20_000)));
+                        }
+                        _ => {}
+                    }
+                }
+                cancelled
+            })
+        })
+        .collect();
+    let cancelled: Vec<u64> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let total = threads as u64 * per_thread;
+    let mut fired = Vec::new();
+    while (fired.len() + cancelled.len()) < total as usize {
+        fired.push(rx.recv_timeout(PATIENCE).expect("a timer was lost").value);
+    }
+    let fired_set: HashSet<u64> = fired.iter().copied().collect();
+    assert_eq!(fired_set.len(), fired.len(), "a timer fired twice");
+    let cancelled_set: HashSet<u64> = cancelled.iter().copied().collect();
+    assert_eq!(
+        cancelled_set.len(),
+        cancelled.len(),
+        "a timer was cancelled twice"
+    );
+    assert!(fired_set.is_disjoint(&cancelled_set), "fired and cancelled");
+    assert_eq!(fired_set.len() + cancelled_set.len(), total as usize);
+    assert!(timer.is_empty());
+    assert!(rx.try_recv().is_err(), "more deliveries than timers");
+}
+
+#[test]
+fn a_full_bounded_channel_applies_backpressure_and_drops_nothing() {
+    let (timer, rx) = Timer::builder().shards(2).build_channel(Some(4)).unwrap();
+    for i in 0..200u32 {
+        timer.schedule(i, Duration::ZERO).unwrap();
+    }
+    // Nobody receives for a while: the driver must wait, not drop.
+    std::thread::sleep(50 * MS);
+    assert_eq!(rx.len(), 4, "the channel holds exactly its bound");
+    let mut got: Vec<u32> = (0..200)
+        .map(|_| rx.recv_timeout(PATIENCE).expect("dropped").value)
+        .collect();
+    got.sort();
+    assert_eq!(got, (0..200).collect::<Vec<_>>());
+    assert!(rx.recv_timeout(20 * MS).is_err());
+}
+
+#[test]
+fn shutdown_while_producers_run_loses_nothing() {
+    let (timer, rx) = Timer::builder().shards(2).build_channel(Some(64)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let timer = timer.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) || refused.is_empty() {
+                    let v = t * 1_000_000 + i;
+                    i += 1;
+                    match timer.schedule(v, Duration::from_micros(i % 3_000)) {
+                        Ok(_) => accepted.push(v),
+                        Err(ScheduleError::Shutdown(back)) => {
+                            refused.push(back);
+                            break;
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                (accepted, refused)
+            })
+        })
+        .collect();
+    std::thread::sleep(30 * MS);
+    let pending = timer.shutdown();
+    stop.store(true, Ordering::SeqCst);
+    let mut accepted = Vec::new();
+    for p in producers {
+        let (a, r) = p.join().unwrap();
+        assert_eq!(r.len(), 1);
+        accepted.extend(a);
+    }
+    let delivered: Vec<u64> = rx.try_iter().map(|e| e.value).collect();
+    let returned: Vec<u64> = pending.into_iter().map(|p| p.value).collect();
+    let mut all: Vec<u64> = delivered.iter().chain(&returned).copied().collect();
+    all.sort();
+    let mut expected = accepted.clone();
+    expected.sort();
+    assert_eq!(
+        all, expected,
+        "every accepted timer is delivered or handed back once"
+    );
+}
+
+#[test]
+fn callback_pool_a_slow_callback_does_not_delay_others() {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let timer = Timer::builder()
+        .shards(1)
+        .build_callback(2, 64, move |e| {
+            if e.value == 0 {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            tx.send(e.value).unwrap();
+        })
+        .unwrap();
+    timer.schedule(0u32, Duration::ZERO).unwrap();
+    std::thread::sleep(10 * MS);
+    timer.schedule(1u32, Duration::ZERO).unwrap();
+    // The fast one arrives while the slow one still sleeps on the other worker.
+    assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), 1);
+    assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), 0);
+}
+
+#[test]
+fn a_panicking_callback_is_contained() {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let timer = Timer::builder()
+        .build_callback(1, 8, move |e| {
+            if e.value == 0 {
+                panic!("handler bug");
+            }
+            tx.send(e.value).unwrap();
+        })
+        .unwrap();
+    timer.schedule(0u32, Duration::ZERO).unwrap();
+    timer.schedule(1u32, MS).unwrap();
+    assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), 1);
+}

@@ -1,0 +1,87 @@
+//! The `tokio` feature: the expiration stream, `sleep` and `timeout`, with cancel-on-drop.
+#![cfg(feature = "tokio")]
+
+use std::time::{Duration, Instant};
+
+use delaywheel::sleep::{EngineShutdown, Sleeper, TimeoutError};
+use delaywheel::Timer;
+use futures_util::StreamExt;
+
+const MS: Duration = Duration::from_millis(1);
+
+#[tokio::test]
+async fn stream_yields_expirations_in_deadline_order_then_ends() {
+    let (timer, mut stream) = Timer::builder().shards(2).build_stream(16).unwrap();
+    timer.schedule(3u32, 30 * MS).unwrap();
+    timer.schedule(1u32, 10 * MS).unwrap();
+    timer.schedule(2u32, 20 * MS).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let e = stream.next().await.unwrap();
+        assert!(
+            e.deadline <= Instant::now(),
+            "delivered before its deadline"
+        );
+        got.push(e.value);
+    }
+    assert_eq!(got, vec![1, 2, 3]);
+    assert!(timer.shutdown().is_empty());
+    assert!(
+        stream.next().await.is_none(),
+        "the stream ends after shutdown"
+    );
+}
+
+#[tokio::test]
+async fn sleep_never_completes_early() {
+    let sleeper = Sleeper::new().unwrap();
+    for delay in [MS, 3 * MS, 7 * MS] {
+        let start = Instant::now();
+        sleeper.sleep(delay).await.unwrap();
+        assert!(start.elapsed() >= delay);
+    }
+}
+
+#[tokio::test]
+async fn timeout_returns_the_output_or_elapsed() {
+    let sleeper = Sleeper::new().unwrap();
+    assert_eq!(
+        sleeper.timeout(Duration::from_secs(60), async { 7 }).await,
+        Ok(7)
+    );
+    let never = std::future::pending::<u8>();
+    assert_eq!(
+        sleeper.timeout(2 * MS, never).await,
+        Err(TimeoutError::Elapsed)
+    );
+    // The completed timeout's timer was cancelled, not left in the wheel for 60 s.
+    assert_eq!(sleeper.timer().len(), 0);
+}
+
+#[tokio::test]
+async fn dropping_a_sleep_cancels_its_timer() {
+    let sleeper = Sleeper::new().unwrap();
+    let sleeps: Vec<_> = (0..100)
+        .map(|_| sleeper.sleep(Duration::from_secs(3600)))
+        .collect();
+    assert_eq!(sleeper.timer().len(), 100);
+    drop(sleeps);
+    assert_eq!(sleeper.timer().len(), 0);
+    assert_eq!(sleeper.timer().stats().cancelled, 100);
+}
+
+#[tokio::test]
+async fn shutdown_wakes_pending_sleeps_with_an_error() {
+    let sleeper = Sleeper::new().unwrap();
+    let s = sleeper.clone();
+    let waiter = tokio::spawn(async move { s.sleep(Duration::from_secs(3600)).await });
+    tokio::time::sleep(5 * MS).await;
+    drop(sleeper.timer().shutdown());
+    assert_eq!(waiter.await.unwrap(), Err(EngineShutdown));
+    assert_eq!(sleeper.sleep(MS).await, Err(EngineShutdown));
+    let never = std::future::pending::<()>();
+    assert_eq!(
+        sleeper.timeout(MS, never).await,
+        Err(TimeoutError::Shutdown)
+    );
+}
