@@ -1,0 +1,280 @@
+//! The engine against its baselines (issue #3), all in one run.
+//!
+//! Criterion groups:
+//! * `schedule_cancel` — one thread, a 30 s timer scheduled and cancelled through the shared
+//!   handle (`delaywheel`), against tokio's own timer: `tokio_sleep_registered` creates a
+//!   `tokio::time::sleep(30 s)`, polls it once (that is when tokio registers it in its wheel)
+//!   and drops it (deregistering), which is the like-for-like comparison;
+//!   `tokio_sleep_unpolled` only creates and drops it (no registration), for reference.
+//! * `producers` — 1 and 2 threads each doing schedule+cancel pairs on one shared engine
+//!   (`delaywheel/1`, `delaywheel/2`) and on a `parking_lot::Mutex<BinaryHeap>` with lazy
+//!   cancel (`Mutex<BinaryHeap>/1`, `/2`).
+//!
+//! Then two reports that criterion does not fit (they run for seconds of real time):
+//! * lateness: 1M timers due over 10 s (100k/s), delivered through the channel to a consumer
+//!   thread that records `receive time − requested deadline`; the same load on
+//!   `tokio::time::sleep` tasks in the same run;
+//! * idle: 1M timers at least an hour away, and the process's CPU time over 10 s.
+//!
+//! `cargo bench --bench engine`; under `cargo test --benches` everything runs once, small.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use delaywheel::Timer;
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+
+fn smoke() -> bool {
+    !std::env::args().any(|a| a == "--bench")
+}
+
+const FAR: Duration = Duration::from_secs(30);
+
+fn bench_schedule_cancel(c: &mut Criterion) {
+    let mut group = c.benchmark_group("schedule_cancel");
+    group.throughput(Throughput::Elements(1));
+    let (timer, _rx) = Timer::builder().build_channel(None).unwrap();
+    group.bench_function("delaywheel", |b| {
+        b.iter(|| {
+            let id = timer.schedule(black_box(7u64), FAR).unwrap();
+            black_box(timer.cancel(id));
+        })
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let mut cx = Context::from_waker(Waker::noop());
+    group.bench_function("tokio_sleep_registered", |b| {
+        b.iter(|| {
+            let mut sleep = Box::pin(tokio::time::sleep(FAR));
+            assert!(sleep.as_mut().poll(&mut cx).is_pending());
+            drop(sleep);
+        })
+    });
+    group.bench_function("tokio_sleep_unpolled", |b| {
+        b.iter(|| {
+            let sleep = Box::pin(tokio::time::sleep(FAR));
+            drop(black_box(sleep));
+        })
+    });
+    group.finish();
+}
+
+use std::future::Future;
+
+/// A `BinaryHeap` timer behind one mutex, with lazy cancel through a side table.
+#[derive(Default)]
+struct HeapTimers {
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    live: Vec<bool>,
+}
+
+fn run_threads(threads: usize, per_thread: usize, op: Arc<dyn Fn() + Send + Sync>) -> Duration {
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let barrier = barrier.clone();
+            let op = op.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for _ in 0..per_thread {
+                    op();
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t = Instant::now();
+    for h in handles {
+        h.join().unwrap();
+    }
+    t.elapsed()
+}
+
+fn bench_producers(c: &mut Criterion) {
+    let per_thread = if smoke() { 1_000 } else { 200_000 };
+    let mut group = c.benchmark_group("producers");
+    group.sample_size(10);
+    for threads in [1usize, 2] {
+        group.throughput(Throughput::Elements((threads * per_thread) as u64));
+        group.bench_with_input(
+            BenchmarkId::new("delaywheel", threads),
+            &threads,
+            |b, &t| {
+                b.iter_custom(|iters| {
+                    let (timer, _rx) = Timer::builder().shards(2).build_channel(None).unwrap();
+                    let op: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                        let id = timer.schedule(black_box(1u64), FAR).unwrap();
+                        black_box(timer.cancel(id));
+                    });
+                    (0..iters)
+                        .map(|_| run_threads(t, per_thread, op.clone()))
+                        .sum()
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("Mutex<BinaryHeap>", threads),
+            &threads,
+            |b, &t| {
+                b.iter_custom(|iters| {
+                    let heap = Arc::new(Mutex::new(HeapTimers::default()));
+                    let op: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                        let deadline = Instant::now() + FAR;
+                        let id = {
+                            let mut h = heap.lock();
+                            let id = h.live.len() as u64;
+                            h.live.push(true);
+                            h.heap.push(Reverse((deadline, id)));
+                            id
+                        };
+                        heap.lock().live[id as usize] = false;
+                    });
+                    (0..iters)
+                        .map(|_| run_threads(t, per_thread, op.clone()))
+                        .sum()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+fn percentiles(h: &Histogram<u64>) -> (f64, f64, f64) {
+    let ms = |us: u64| us as f64 / 1000.0;
+    (
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.max()),
+    )
+}
+
+/// `n` timers with deadlines spread evenly over `span`, starting 200 ms from now (so that
+/// scheduling them all is finished before the first is due).
+fn lateness_delaywheel(n: usize, span: Duration, tick: Duration) -> Histogram<u64> {
+    let (timer, rx) = Timer::builder()
+        .tick(tick)
+        .shards(2)
+        .build_channel(Some(65_536))
+        .unwrap();
+    let start = Instant::now() + Duration::from_millis(200);
+    let step = span / n as u32;
+    let consumer = std::thread::spawn(move || {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+        for _ in 0..n {
+            let e = rx.recv().unwrap();
+            let late = Instant::now().saturating_duration_since(e.value);
+            h.saturating_record(late.as_micros().max(1) as u64);
+        }
+        h
+    });
+    let mut rng = fastrand::Rng::with_seed(3);
+    let mut order: Vec<usize> = (0..n).collect();
+    rng.shuffle(&mut order);
+    for i in order {
+        let deadline = start + step * i as u32;
+        timer.schedule_at(deadline, deadline).unwrap();
+    }
+    consumer.join().unwrap()
+}
+
+fn lateness_tokio(n: usize, span: Duration) -> Histogram<u64> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let start = Instant::now() + Duration::from_millis(200);
+    let step = span / n as u32;
+    let hist = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap(),
+    ));
+    rt.block_on(async {
+        let mut tasks = Vec::with_capacity(n);
+        for i in 0..n {
+            let deadline = start + step * i as u32;
+            let hist = hist.clone();
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep_until(deadline.into()).await;
+                let late = Instant::now().saturating_duration_since(deadline);
+                hist.lock()
+                    .saturating_record(late.as_micros().max(1) as u64);
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let h = hist.lock().clone();
+    h
+}
+
+/// CPU time (user + system) of this process, from /proc/self/stat (10 ms resolution).
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+fn idle_cpu(n: usize, window: Duration) -> f64 {
+    let (timer, _rx) = Timer::builder().build_channel(None).unwrap();
+    for i in 0..n {
+        timer
+            .schedule(i as u64, Duration::from_secs(3600 + (i % 3600) as u64))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let before = process_cpu();
+    std::thread::sleep(window);
+    let used = process_cpu().saturating_sub(before);
+    drop(timer.shutdown());
+    100.0 * used.as_secs_f64() / window.as_secs_f64()
+}
+
+fn reports() {
+    let (n, span, window) = if smoke() {
+        (
+            2_000,
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )
+    } else {
+        (1_000_000, Duration::from_secs(10), Duration::from_secs(10))
+    };
+    println!("\nLateness: {n} timers over {span:?}, receive time − deadline (ms)");
+    println!("| design | p50 | p99 | max |");
+    println!("|---|---:|---:|---:|");
+    for (name, tick) in [
+        ("delaywheel, 1 ms tick", Duration::from_millis(1)),
+        ("delaywheel, 100 µs tick", Duration::from_micros(100)),
+    ] {
+        let (p50, p99, max) = percentiles(&lateness_delaywheel(n, span, tick));
+        println!("| {name} | {p50:.3} | {p99:.3} | {max:.3} |");
+    }
+    let (p50, p99, max) = percentiles(&lateness_tokio(n, span));
+    println!("| tokio::time::sleep (2 workers) | {p50:.3} | {p99:.3} | {max:.3} |");
+    let idle = idle_cpu(n, window);
+    println!("\nIdle: {n} timers ≥ 1 h away, CPU over {window:?}: {idle:.2}% of one core");
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench_schedule_cancel(&mut c);
+    bench_producers(&mut c);
+    c.final_summary();
+    reports();
+}
