@@ -24,17 +24,20 @@ clippy:
 
 unit:
 	$(CARGO) test --all-features
+	$(CARGO) build --no-default-features --all-targets
 
 # Every bench runs once on a small workload, and every example in its smoke mode, so they cannot rot.
 smoke:
 	$(CARGO) test --all-features --benches
 	$(CARGO) run --all-features --example wheel_load -- --smoke --json
+	$(CARGO) run --all-features --example gateway -- --smoke --json
 
 bench:
 	$(CARGO) bench --bench wheel
+	$(CARGO) bench --bench engine
 
 load:
-	$(CARGO) run --release --example wheel_load
+	$(CARGO) run --release --example gateway
 
 # Needs cargo-fuzz (cargo install cargo-fuzz); RUSTC_BOOTSTRAP lets it use sanitizers on stable.
 fuzz:

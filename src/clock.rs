@@ -118,31 +118,47 @@ impl Ticks {
         }
     }
 
-    fn ns_since_origin(&self, t: Instant) -> u128 {
-        t.saturating_duration_since(self.origin).as_nanos()
+    /// Nanoseconds from the origin to `t` (0 before it), saturating at `u64::MAX` (584 years).
+    #[inline]
+    fn ns_since_origin(&self, t: Instant) -> u64 {
+        let d = t.saturating_duration_since(self.origin);
+        d.as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()))
     }
 
-    /// The tick at which a timer due at `deadline` may fire: rounded up, saturating at
-    /// `u64::MAX` for deadlines beyond the tick range. Deadlines before the origin map to 0.
+    /// `ns / tick_ns`, rounded up. Plain `u64` arithmetic: a `u128` division is a slow library
+    /// call, and this runs on every schedule.
+    #[inline]
+    fn ceil_ticks(&self, ns: u64) -> u64 {
+        ns.div_ceil(self.tick_ns)
+    }
+
+    /// The tick at which a timer due at `deadline` may fire: rounded up. Deadlines before the
+    /// origin map to 0; deadlines 584 years out saturate (they never fire, as intended).
     #[inline]
     pub(crate) fn deadline_tick(&self, deadline: Instant) -> u64 {
-        let ns = self.ns_since_origin(deadline);
-        let ticks = ns.div_ceil(u128::from(self.tick_ns));
-        u64::try_from(ticks).unwrap_or(u64::MAX)
+        match self.ns_since_origin(deadline) {
+            u64::MAX => u64::MAX,
+            ns => self.ceil_ticks(ns),
+        }
     }
 
     /// The tick `delay` after `now` (rounded up; saturating).
     #[inline]
     pub(crate) fn tick_after(&self, now: Instant, delay: Duration) -> u64 {
-        let ns = self.ns_since_origin(now) + delay.as_nanos();
-        u64::try_from(ns.div_ceil(u128::from(self.tick_ns))).unwrap_or(u64::MAX)
+        let delay_ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        let ns = self.ns_since_origin(now).saturating_add(delay_ns);
+        if ns == u64::MAX {
+            return u64::MAX;
+        }
+        self.ceil_ticks(ns)
     }
 
     /// The last tick that has completely begun at `now` (rounded down).
     #[inline]
     pub(crate) fn now_tick(&self, now: Instant) -> u64 {
-        let ticks = self.ns_since_origin(now) / u128::from(self.tick_ns);
-        u64::try_from(ticks).unwrap_or(u64::MAX)
+        self.ns_since_origin(now) / self.tick_ns
     }
 
     /// The `Instant` at which `tick` begins, or `None` past what `Instant` can represent.
@@ -176,6 +192,10 @@ mod tests {
         assert_eq!(t.deadline_tick(origin + Duration::from_micros(1001)), 2);
         assert_eq!(t.now_tick(origin + Duration::from_micros(1999)), 1);
         assert_eq!(t.tick_after(origin, Duration::MAX), u64::MAX);
+        assert_eq!(
+            t.tick_after(origin, Duration::from_secs(u64::MAX / 2)),
+            u64::MAX
+        );
         // A time before the origin is tick 0, not a panic.
         assert_eq!(
             t.now_tick(origin - Duration::from_millis(5).min(origin.elapsed())),

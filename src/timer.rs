@@ -86,7 +86,7 @@ pub(crate) struct Core<T> {
 thread_local! {
     /// Which shard this thread schedules into (modulo the shard count), picked round-robin on
     /// first use, so producers on different threads mostly use different shards.
-    static SHARD_HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+    static SHARD_HINT: Cell<u32> = const { Cell::new(u32::MAX) };
 }
 
 impl<T> Core<T> {
@@ -94,13 +94,16 @@ impl<T> Core<T> {
     fn shard_index(&self) -> usize {
         let hint = SHARD_HINT.with(|c| {
             let mut v = c.get();
-            if v == usize::MAX {
-                v = self.next_shard.fetch_add(1, SeqCst);
+            if v == u32::MAX {
+                v = self.next_shard.fetch_add(1, SeqCst) as u32;
                 c.set(v);
             }
             v
         });
-        hint % self.shards.len()
+        // Golden-ratio spread of the thread's number onto the shards: consecutive threads land
+        // on different shards, and a multiply-shift replaces a division on the hot path.
+        let spread = u64::from(hint.wrapping_mul(0x9E37_79B9));
+        ((spread * self.shards.len() as u64) >> 32) as usize
     }
 
     /// Wakes the driver if a timer due at `tick` is earlier than what it sleeps until.
