@@ -20,12 +20,12 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::clock::{Clock, ManualClock, Ticks};
 use crate::delivery::Sink;
 use crate::error::{BuildError, ScheduleError};
-use crate::shard::{new_shard, Shard};
+use crate::shard::{new_shard, Shard, ShardState};
 use crate::stats::{publish, LatenessHistogram, Stats};
 use crate::wheel::{Expired, Layout, TimerKey};
 
@@ -84,26 +84,38 @@ pub(crate) struct Core<T> {
 }
 
 thread_local! {
-    /// Which shard this thread schedules into (modulo the shard count), picked round-robin on
-    /// first use, so producers on different threads mostly use different shards.
+    /// The shard this thread last scheduled into (see `Core::lock_for_insert`).
     static SHARD_HINT: Cell<u32> = const { Cell::new(u32::MAX) };
 }
 
 impl<T> Core<T> {
+    /// Locks a shard for an insert: the one this thread used last if it is free, else the next
+    /// free one (remembered for next time), else (all busy) waits for its own. Producers on
+    /// different threads thereby settle on different shards, however threads come and go.
     #[inline]
-    fn shard_index(&self) -> usize {
-        let hint = SHARD_HINT.with(|c| {
-            let mut v = c.get();
-            if v == u32::MAX {
-                v = self.next_shard.fetch_add(1, SeqCst) as u32;
-                c.set(v);
+    fn lock_for_insert(&self) -> (usize, MutexGuard<'_, ShardState<T>>) {
+        let n = self.shards.len();
+        let mut first = SHARD_HINT.with(Cell::get) as usize;
+        if first >= n {
+            first = self.next_shard.fetch_add(1, SeqCst) % n;
+            SHARD_HINT.with(|c| c.set(first as u32));
+        }
+        let mut i = first;
+        loop {
+            if let Some(guard) = self.shards[i].try_lock() {
+                if i != first {
+                    SHARD_HINT.with(|c| c.set(i as u32));
+                }
+                return (i, guard);
             }
-            v
-        });
-        // Golden-ratio spread of the thread's number onto the shards: consecutive threads land
-        // on different shards, and a multiply-shift replaces a division on the hot path.
-        let spread = u64::from(hint.wrapping_mul(0x9E37_79B9));
-        ((spread * self.shards.len() as u64) >> 32) as usize
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+            if i == first {
+                return (first, self.shards[first].lock());
+            }
+        }
     }
 
     /// Wakes the driver if a timer due at `tick` is earlier than what it sleeps until.
@@ -117,9 +129,8 @@ impl<T> Core<T> {
     }
 
     fn insert(&self, tick: u64, value: T) -> Result<TimerId, ScheduleError<T>> {
-        let shard = self.shard_index();
-        let key = {
-            let mut s = self.shards[shard].lock();
+        let (shard, key) = {
+            let (shard, mut s) = self.lock_for_insert();
             // Checked under the shard lock: `shutdown` sets the flag before it drains the shards,
             // so a timer is either drained and handed back, or refused here. Never lost.
             if self.stopping.load(SeqCst) {
@@ -129,9 +140,9 @@ impl<T> Core<T> {
             if key.is_ok() {
                 s.scheduled += 1;
             }
-            key
-        }
-        .map_err(|e| ScheduleError::Capacity(e.0))?;
+            (shard, key)
+        };
+        let key = key.map_err(|e| ScheduleError::Capacity(e.0))?;
         self.wake_for(tick);
         Ok(TimerId {
             shard: shard as u32,
