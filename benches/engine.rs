@@ -30,6 +30,10 @@ use delaywheel::Timer;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
+#[path = "../examples/support/procfs.rs"]
+mod procfs;
+use procfs::process_cpu;
+
 fn smoke() -> bool {
     !std::env::args().any(|a| a == "--bench")
 }
@@ -215,19 +219,6 @@ fn lateness_tokio(n: usize, span: Duration) -> Histogram<u64> {
     });
     let h = hist.lock().clone();
     h
-}
-
-/// CPU time (user + system) of this process, from /proc/self/stat (10 ms resolution).
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-        .sum();
-    Duration::from_millis(ticks * 10)
 }
 
 fn idle_cpu(n: usize, window: Duration) -> f64 {

@@ -22,7 +22,11 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use delaywheel::{Expiration, Timer, TimerId};
 use hdrhistogram::Histogram;
+
+#[path = "support/procfs.rs"]
+mod procfs;
 use indicatif::{ProgressBar, ProgressStyle};
+use procfs::{process_cpu, rss_bytes};
 
 #[derive(Parser, Debug)]
 #[command(about = "Gateway-shaped load on the delaywheel engine")]
@@ -78,28 +82,6 @@ struct Counters {
     scheduled: AtomicU64,
     cancelled: AtomicU64,
     reset: AtomicU64,
-}
-
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-        .sum();
-    Duration::from_millis(ticks * 10)
 }
 
 fn producer(timer: Timer<Event>, args: Arc<Args>, counters: Arc<Counters>, quota: u64, seed: u64) {

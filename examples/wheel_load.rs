@@ -17,6 +17,10 @@ use std::time::Instant;
 use clap::Parser;
 use delaywheel::wheel::{TimerKey, Wheel};
 
+#[path = "support/procfs.rs"]
+mod procfs;
+use procfs::rss_bytes;
+
 #[derive(Parser, Debug)]
 #[command(about = "Load timers into a delaywheel Wheel and report rates and memory")]
 struct Args {
@@ -35,18 +39,6 @@ struct Args {
     /// Print the figures as one JSON object on the last line.
     #[arg(long)]
     json: bool,
-}
-
-/// The process's resident set size in bytes (Linux), or 0 where unknown.
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
 
 struct Run {
