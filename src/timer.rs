@@ -175,12 +175,13 @@ impl<T> Core<T> {
             buf.sort_by_key(|(_, e)| e.deadline);
         }
         let sink = self.sink.lock();
-        let mut lateness = self.lateness.lock();
         for (shard, e) in buf.drain(..) {
             let now = self.clock.now();
             let deadline = self.ticks.instant_of(e.deadline).unwrap_or(now);
             let late = now.saturating_duration_since(deadline);
-            lateness.record(late);
+            // Locked per record, not across the loop: a delivery blocked by backpressure must
+            // not block `stats()`.
+            self.lateness.lock().record(late);
             if late > self.lateness_warn {
                 tracing::warn!(?late, deadline_tick = e.deadline, "timer delivered late");
             }

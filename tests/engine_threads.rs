@@ -197,3 +197,20 @@ fn a_panicking_callback_is_contained() {
     timer.schedule(1u32, MS).unwrap();
     assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), 1);
 }
+
+#[test]
+fn stats_answer_while_the_driver_waits_on_a_full_channel() {
+    let (timer, rx) = Timer::builder().build_channel(Some(1)).unwrap();
+    for i in 0..10u32 {
+        timer.schedule(i, Duration::ZERO).unwrap();
+    }
+    std::thread::sleep(20 * MS); // the driver is now blocked on the full channel
+    let (tx, done) = crossbeam_channel::bounded(1);
+    let t = timer.clone();
+    std::thread::spawn(move || tx.send(t.stats()).unwrap());
+    let stats = done
+        .recv_timeout(PATIENCE)
+        .expect("stats() blocked behind the delivery");
+    assert_eq!(stats.fired, 10);
+    assert_eq!(rx.iter().take(10).count(), 10);
+}
