@@ -14,7 +14,7 @@
 use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -34,13 +34,14 @@ use crate::wheel::{Expired, Layout, TimerKey};
 /// `None`/`false`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TimerId {
+    engine: u32,
     shard: u32,
     key: TimerKey,
 }
 
 impl fmt::Debug for TimerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TimerId({}:{:?})", self.shard, self.key)
+        write!(f, "TimerId({}/{}:{:?})", self.engine, self.shard, self.key)
     }
 }
 
@@ -67,6 +68,8 @@ pub struct Pending<T> {
 }
 
 pub(crate) struct Core<T> {
+    /// Distinguishes this engine's ids from another engine's.
+    engine: u32,
     shards: Box<[Shard<T>]>,
     ticks: Ticks,
     clock: Clock,
@@ -118,6 +121,15 @@ impl<T> Core<T> {
         }
     }
 
+    /// The shard an id of this engine names; `None` for another engine's id.
+    #[inline]
+    fn shard_of(&self, id: TimerId) -> Option<&Shard<T>> {
+        if id.engine != self.engine {
+            return None;
+        }
+        self.shards.get(id.shard as usize)
+    }
+
     /// Wakes the driver if a timer due at `tick` is earlier than what it sleeps until.
     #[inline]
     fn wake_for(&self, tick: u64) {
@@ -145,6 +157,7 @@ impl<T> Core<T> {
         let key = key.map_err(|e| ScheduleError::Capacity(e.0))?;
         self.wake_for(tick);
         Ok(TimerId {
+            engine: self.engine,
             shard: shard as u32,
             key,
         })
@@ -186,7 +199,11 @@ impl<T> Core<T> {
                 tracing::warn!(?late, deadline_tick = e.deadline, "timer delivered late");
             }
             let exp = Expiration {
-                id: TimerId { shard, key: e.key },
+                id: TimerId {
+                    engine: self.engine,
+                    shard,
+                    key: e.key,
+                },
                 deadline,
                 value: e.value,
             };
@@ -266,6 +283,7 @@ impl<T> Handle<T> {
             let mut s = shard.lock();
             out.extend(s.wheel.drain().map(|e| Pending {
                 id: TimerId {
+                    engine: core.engine,
                     shard: i as u32,
                     key: e.key,
                 },
@@ -373,7 +391,7 @@ impl<T> Timer<T> {
     /// Cancels a pending timer and returns its value; `None` if it already fired, was
     /// cancelled, or the id is not from this engine.
     pub fn cancel(&self, id: TimerId) -> Option<T> {
-        let shard = self.core.shards.get(id.shard as usize)?;
+        let shard = self.core.shard_of(id)?;
         let mut s = shard.lock();
         let value = s.wheel.cancel(id.key)?;
         s.cancelled += 1;
@@ -383,7 +401,7 @@ impl<T> Timer<T> {
     /// Moves a pending timer to `delay` from now, keeping its id; `false` if it already fired,
     /// was cancelled, or the id is not from this engine.
     pub fn reset(&self, id: TimerId, delay: Duration) -> bool {
-        let Some(shard) = self.core.shards.get(id.shard as usize) else {
+        let Some(shard) = self.core.shard_of(id) else {
             return false;
         };
         let tick = self.core.ticks.tick_after(self.core.clock.now(), delay);
@@ -574,7 +592,9 @@ impl<T: Send + 'static> TimerBuilder<T> {
     pub(crate) fn build_with(self, sink: Sink<T>) -> Result<Timer<T>, BuildError> {
         self.validate()?;
         let origin = self.clock.now();
+        static ENGINES: AtomicU32 = AtomicU32::new(0);
         let core = Arc::new(Core {
+            engine: ENGINES.fetch_add(1, SeqCst),
             shards: (0..self.shards).map(|_| new_shard(self.layout)).collect(),
             ticks: Ticks::new(origin, self.tick),
             clock: self.clock.clone(),

@@ -193,3 +193,17 @@ fn stats_show_pending_per_shard_and_level() {
     assert_eq!(s.pending_per_shard.len(), 2);
     assert_eq!(&s.pending_per_level[..3], &[1, 1, 1]);
 }
+
+#[test]
+fn an_id_from_another_engine_touches_nothing() {
+    let (_c1, a, _rx1) = engine(1);
+    let (_c2, b, _rx2) = engine(1);
+    let id_a = a.schedule(1, 10 * MS).unwrap();
+    let id_b = b.schedule(2, 10 * MS).unwrap();
+    // Same shard, and the same first key in each wheel: only the engine tag tells them apart.
+    assert_eq!(b.cancel(id_a), None);
+    assert!(!b.reset(id_a, MS));
+    assert_eq!(b.len(), 1);
+    assert_eq!(a.cancel(id_a), Some(1));
+    assert_eq!(b.cancel(id_b), Some(2));
+}

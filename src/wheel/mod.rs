@@ -289,7 +289,8 @@ impl<T> Wheel<T> {
     /// Removes a pending timer and returns its value. O(1).
     ///
     /// Returns `None`, touching nothing, when the key is stale: the timer already fired, was
-    /// cancelled or drained, or the key came from another wheel.
+    /// cancelled or drained. (A key from *another* wheel is not detected: it may name one of
+    /// this wheel's timers. The engine's `TimerId` carries an engine tag for that.)
     #[inline]
     pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
         let deadline = self.keys.get(key)?.deadline;
