@@ -1,4 +1,5 @@
-# `make test` is what CI runs (.ci/run) on a fresh clone: it installs what the checks need,
+# `make test` is what CI runs (.ci/run) on a fresh clone: it installs what the checks need
+# (rustfmt, clippy, redis-server),
 # then runs fmt --check, clippy -D warnings, the whole test suite, and the smoke modes of the
 # benches and examples. Benchmarks proper are `make bench`; they never run in `make test`.
 
@@ -15,6 +16,11 @@ deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
+	@# The Redis tests start their own redis-server from PATH (on a Unix socket in a temp dir).
+	@command -v redis-server >/dev/null || { \
+		echo "redis-server missing: installing it with apt-get"; \
+		(apt-get update -qq && apt-get install -y -qq redis-server) || { \
+			echo "could not install redis-server: install it (e.g. apt-get install redis-server) and re-run"; exit 1; }; }
 
 fmt:
 	$(CARGO) fmt --all -- --check

@@ -10,6 +10,8 @@
 //! 2. The engine ([`Timer`]): the clock, sharded wheels behind mutexes, a driver thread that
 //!    sleeps until the next deadline, and delivery to a channel, a callback pool or (feature
 //!    `tokio`) futures and streams.
+//! 3. [`redis`] (feature `redis`): the task envelope, the Redis key layout and a store on a
+//!    ZSET + HASH: the foundation of persistence and of the shared delay queue.
 //!
 //! ```
 //! use delaywheel::wheel::Wheel;
@@ -35,6 +37,8 @@ pub mod wheel;
 mod clock;
 mod delivery;
 mod error;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod shard;
 #[cfg(feature = "tokio")]
 pub mod sleep;

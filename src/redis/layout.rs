@@ -1,0 +1,57 @@
+//! The names of a namespace's keys.
+
+use std::fmt;
+
+/// The keys of one namespace (see the [module docs](super) for the layout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    due: String,
+    tasks: String,
+    dead: String,
+}
+
+/// A namespace that cannot be used as a hash tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceError(pub String);
+
+impl fmt::Display for NamespaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "namespace {:?} must be non-empty and contain no '{{' or '}}'",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for NamespaceError {}
+
+impl KeyLayout {
+    /// The keys of namespace `ns`. Refuses an empty namespace or one containing a brace (it
+    /// would break the hash tag), handing the name back.
+    pub fn new(ns: &str) -> Result<KeyLayout, NamespaceError> {
+        if ns.is_empty() || ns.contains(['{', '}']) {
+            return Err(NamespaceError(ns.to_string()));
+        }
+        Ok(KeyLayout {
+            due: format!("{{{ns}}}:due"),
+            tasks: format!("{{{ns}}}:tasks"),
+            dead: format!("{{{ns}}}:dead"),
+        })
+    }
+
+    /// The ZSET of due times.
+    pub fn due(&self) -> &str {
+        &self.due
+    }
+
+    /// The HASH of envelopes.
+    pub fn tasks(&self) -> &str {
+        &self.tasks
+    }
+
+    /// The HASH of dead-lettered entries.
+    pub fn dead(&self) -> &str {
+        &self.dead
+    }
+}

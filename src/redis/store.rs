@@ -1,0 +1,266 @@
+//! A store of pending tasks on a Redis ZSET + HASH: batched atomic writes, paged reads that
+//! sort out broken entries, and a dead-letter key.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use redis::aio::ConnectionManager;
+
+use super::envelope::{Envelope, MAX_DUE_MS};
+use super::layout::KeyLayout;
+
+/// One change to the stored set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Store (or replace) a task: its id, due time and encoded envelope.
+    Upsert {
+        /// The task id.
+        id: String,
+        /// The due time, ms since the Unix epoch (at most 2^53 − 1).
+        due_at: u64,
+        /// The encoded [`Envelope`].
+        envelope: Vec<u8>,
+    },
+    /// Remove a task (cancelled, or fired and acknowledged).
+    Remove(String),
+}
+
+impl Op {
+    fn id(&self) -> &str {
+        match self {
+            Op::Upsert { id, .. } | Op::Remove(id) => id,
+        }
+    }
+}
+
+/// A Redis error from the store.
+#[derive(Debug)]
+pub struct StoreError(pub redis::RedisError);
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redis: {}", self.0)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> Self {
+        StoreError(e)
+    }
+}
+
+/// Why a stored entry could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokenReason {
+    /// The ZSET names the id but the HASH has no envelope for it.
+    MissingEnvelope,
+    /// The envelope is not valid JSON of an [`Envelope`].
+    Undecodable(String),
+    /// The score is not an integer time in `0..=2^53 − 1` ms.
+    BadScore(String),
+}
+
+impl fmt::Display for BrokenReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BrokenReason::MissingEnvelope => f.write_str("no envelope in the tasks hash"),
+            BrokenReason::Undecodable(e) => write!(f, "undecodable envelope: {e}"),
+            BrokenReason::BadScore(s) => write!(f, "score {s} is not a valid due time"),
+        }
+    }
+}
+
+/// A stored entry that could not be used, with what was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    /// The ZSET member.
+    pub id: String,
+    /// The raw envelope bytes, if any.
+    pub raw: Option<Vec<u8>>,
+    /// What is wrong with it.
+    pub reason: BrokenReason,
+}
+
+/// One page of a scan: usable tasks, broken entries, and where to continue (0 = done).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Page {
+    /// The cursor for the next page; 0 when the scan is complete.
+    pub next: u64,
+    /// Tasks whose envelope and score are valid (the score is authoritative for `due_at`).
+    pub tasks: Vec<Envelope>,
+    /// Entries that are not.
+    pub broken: Vec<Broken>,
+}
+
+/// Pending tasks of one namespace in Redis. Cheap to clone (one multiplexed connection that
+/// reconnects by itself).
+#[derive(Clone)]
+pub struct RedisStore {
+    keys: KeyLayout,
+    conn: ConnectionManager,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://user:password@host:port/db`, `rediss://` for TLS where the
+    /// redis crate is built with it, `redis+unix:///path`) for the namespace whose keys are
+    /// `keys`.
+    pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url)?;
+        let conn = client.get_connection_manager().await?;
+        Ok(RedisStore { keys, conn })
+    }
+
+    /// The namespace's keys.
+    pub fn keys(&self) -> &KeyLayout {
+        &self.keys
+    }
+
+    /// Applies a batch in one MULTI/EXEC with multi-member commands, so the ZSET and the HASH
+    /// change together. When an id appears more than once, its last operation wins.
+    pub async fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
+        let mut last: HashMap<&str, &Op> = HashMap::with_capacity(ops.len());
+        for op in ops {
+            last.insert(op.id(), op);
+        }
+        let (mut zadd, mut hset, mut remove) =
+            (redis::cmd("ZADD"), redis::cmd("HSET"), Vec::<&str>::new());
+        zadd.arg(self.keys.due());
+        hset.arg(self.keys.tasks());
+        let mut upserts = 0;
+        for op in last.values() {
+            match op {
+                Op::Upsert {
+                    id,
+                    due_at,
+                    envelope,
+                } => {
+                    zadd.arg(*due_at).arg(id.as_str());
+                    hset.arg(id.as_str()).arg(envelope.as_slice());
+                    upserts += 1;
+                }
+                Op::Remove(id) => remove.push(id),
+            }
+        }
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if upserts > 0 {
+            pipe.add_command(zadd).ignore();
+            pipe.add_command(hset).ignore();
+        }
+        if !remove.is_empty() {
+            pipe.cmd("ZREM").arg(self.keys.due()).arg(&remove).ignore();
+            pipe.cmd("HDEL")
+                .arg(self.keys.tasks())
+                .arg(&remove)
+                .ignore();
+        }
+        if upserts == 0 && remove.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Reads one page of about `count` entries, starting at `cursor` (0 to begin). Never one
+    /// giant reply: ZSCAN pages the ZSET and HMGET fetches that page's envelopes. A scan may
+    /// return an entry twice if the set changes meanwhile (callers dedupe by id).
+    pub async fn page(&self, cursor: u64, count: usize) -> Result<Page, StoreError> {
+        let mut conn = self.conn.clone();
+        let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
+            .arg(self.keys.due())
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .query_async(&mut conn)
+            .await?;
+        let pairs: Vec<(String, String)> = flat
+            .chunks_exact(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect();
+        let mut page = Page {
+            next,
+            ..Page::default()
+        };
+        if pairs.is_empty() {
+            return Ok(page);
+        }
+        let ids: Vec<&str> = pairs.iter().map(|(id, _)| id.as_str()).collect();
+        let raws: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+            .arg(self.keys.tasks())
+            .arg(&ids)
+            .query_async(&mut conn)
+            .await?;
+        for ((id, score), raw) in pairs.into_iter().zip(raws) {
+            let due = score
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.fract() == 0.0 && *s >= 0.0 && *s <= MAX_DUE_MS as f64);
+            let broken = |reason, raw| Broken {
+                id: id.clone(),
+                raw,
+                reason,
+            };
+            match (due, raw) {
+                (None, raw) => page.broken.push(broken(BrokenReason::BadScore(score), raw)),
+                (Some(_), None) => page
+                    .broken
+                    .push(broken(BrokenReason::MissingEnvelope, None)),
+                (Some(due), Some(bytes)) => match Envelope::decode(&bytes) {
+                    Ok(mut env) => {
+                        env.due_at = due as u64;
+                        page.tasks.push(env);
+                    }
+                    Err(e) => page.broken.push(broken(
+                        BrokenReason::Undecodable(e.to_string()),
+                        Some(bytes),
+                    )),
+                },
+            }
+        }
+        Ok(page)
+    }
+
+    /// Moves broken entries to the dead-letter hash with their reason, the raw bytes and the
+    /// time (ms since the epoch), and removes them from the live keys, in one transaction.
+    pub async fn dead_letter(&self, broken: &[Broken], now_ms: u64) -> Result<(), StoreError> {
+        if broken.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let mut hset = redis::cmd("HSET");
+        hset.arg(self.keys.dead());
+        let mut ids = Vec::with_capacity(broken.len());
+        for b in broken {
+            let record = serde_json::json!({
+                "reason": b.reason.to_string(),
+                "raw": b.raw.as_ref().map(|r| String::from_utf8_lossy(r).into_owned()),
+                "at": now_ms,
+            });
+            hset.arg(b.id.as_str()).arg(record.to_string());
+            ids.push(b.id.as_str());
+            tracing::warn!(id = %b.id, reason = %b.reason, "task dead-lettered");
+        }
+        pipe.add_command(hset).ignore();
+        pipe.cmd("ZREM").arg(self.keys.due()).arg(&ids).ignore();
+        pipe.cmd("HDEL").arg(self.keys.tasks()).arg(&ids).ignore();
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,247 @@
+//! The Redis store against a real, private `redis-server` (see `tests/support/redis_server.rs`).
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use delaywheel::redis::{
+    BrokenReason, Envelope, EnvelopeError, KeyLayout, NamespaceError, Op, RedisStore, MAX_DUE_MS,
+};
+use redis_server::RedisServer;
+
+fn envelope(id: &str, due_at: u64) -> Envelope {
+    Envelope {
+        id: id.to_string(),
+        topic: "order.close.timeout".into(),
+        payload: serde_json::json!({ "order": id }),
+        attempt: 0,
+        created_at: 1_700_000_000_000,
+        due_at,
+    }
+}
+
+fn upsert(e: &Envelope) -> Op {
+    Op::Upsert {
+        id: e.id.clone(),
+        due_at: e.due_at,
+        envelope: e.encode(4096).unwrap(),
+    }
+}
+
+async fn all(store: &RedisStore) -> (Vec<Envelope>, Vec<delaywheel::redis::Broken>) {
+    let (mut tasks, mut broken, mut cursor) = (Vec::new(), Vec::new(), 0);
+    loop {
+        let page = store.page(cursor, 100).await.unwrap();
+        tasks.extend(page.tasks);
+        broken.extend(page.broken);
+        if page.next == 0 {
+            break;
+        }
+        cursor = page.next;
+    }
+    tasks.sort_by(|a, b| a.id.cmp(&b.id));
+    tasks.dedup_by(|a, b| a.id == b.id);
+    (tasks, broken)
+}
+
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+#[test]
+fn namespaces_and_envelopes_refuse_bad_input() {
+    assert_eq!(
+        KeyLayout::new("").unwrap_err(),
+        NamespaceError(String::new())
+    );
+    assert!(KeyLayout::new("a{b").is_err());
+    let keys = KeyLayout::new("orders").unwrap();
+    assert_eq!(
+        (keys.due(), keys.tasks(), keys.dead()),
+        ("{orders}:due", "{orders}:tasks", "{orders}:dead")
+    );
+    assert_eq!(envelope("", 1).encode(4096), Err(EnvelopeError::EmptyId));
+    assert_eq!(
+        envelope("x", MAX_DUE_MS + 1).encode(4096),
+        Err(EnvelopeError::DueTooLate(MAX_DUE_MS + 1))
+    );
+    assert!(matches!(
+        envelope("x", 1).encode(10),
+        Err(EnvelopeError::TooLarge { limit: 10, .. })
+    ));
+    let e = envelope("x", 5);
+    assert_eq!(Envelope::decode(&e.encode(4096).unwrap()).unwrap(), e);
+}
+
+#[tokio::test]
+async fn apply_writes_both_keys_and_the_last_op_per_id_wins() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), KeyLayout::new("t1").unwrap())
+        .await
+        .unwrap();
+    let (a, b, c) = (envelope("a", 10), envelope("b", 20), envelope("c", 30));
+    store
+        .apply(&[
+            upsert(&a),
+            upsert(&b),
+            Op::Remove("b".into()), // scheduled then cancelled in one batch: gone
+            Op::Remove("c".into()),
+            upsert(&c), // cancelled then scheduled again: present
+        ])
+        .await
+        .unwrap();
+    let (tasks, broken) = all(&store).await;
+    assert!(broken.is_empty());
+    assert_eq!(tasks, vec![a, c]);
+    let mut conn = raw(&server.url()).await;
+    let zcard: usize = redis::cmd("ZCARD")
+        .arg("{t1}:due")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let hlen: usize = redis::cmd("HLEN")
+        .arg("{t1}:tasks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((zcard, hlen), (2, 2));
+}
+
+#[tokio::test]
+async fn paging_reads_every_entry_in_small_replies() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), KeyLayout::new("t2").unwrap())
+        .await
+        .unwrap();
+    let tasks: Vec<Envelope> = (0..10_000u64)
+        .map(|i| envelope(&format!("order:{i:05}"), 1_000 + i))
+        .collect();
+    for chunk in tasks.chunks(1_000) {
+        store
+            .apply(&chunk.iter().map(upsert).collect::<Vec<_>>())
+            .await
+            .unwrap();
+    }
+    let first = store.page(0, 100).await.unwrap();
+    assert!(
+        first.next != 0 && first.tasks.len() < 1_000,
+        "one page is not the whole set"
+    );
+    let (read, broken) = all(&store).await;
+    assert!(broken.is_empty());
+    assert_eq!(read, tasks);
+}
+
+#[tokio::test]
+async fn broken_entries_are_sorted_out_and_dead_lettered() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), KeyLayout::new("t3").unwrap())
+        .await
+        .unwrap();
+    store.apply(&[upsert(&envelope("good", 42))]).await.unwrap();
+    let mut conn = raw(&server.url()).await;
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg("{t3}:due")
+        .arg(50)
+        .arg("no-envelope")
+        .ignore()
+        .cmd("ZADD")
+        .arg("{t3}:due")
+        .arg(60)
+        .arg("garbage")
+        .ignore()
+        .cmd("HSET")
+        .arg("{t3}:tasks")
+        .arg("garbage")
+        .arg("{not json")
+        .ignore()
+        .cmd("ZADD")
+        .arg("{t3}:due")
+        .arg(1.5)
+        .arg("fractional")
+        .ignore()
+        .cmd("HSET")
+        .arg("{t3}:tasks")
+        .arg("fractional")
+        .arg(envelope("fractional", 1).encode(4096).unwrap())
+        .ignore()
+        .cmd("ZADD")
+        .arg("{t3}:due")
+        .arg(-5)
+        .arg("negative")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (tasks, mut broken) = all(&store).await;
+    assert_eq!(tasks, vec![envelope("good", 42)]);
+    broken.sort_by(|a, b| a.id.cmp(&b.id));
+    let reasons: Vec<(&str, bool)> = broken
+        .iter()
+        .map(|b| {
+            let ok = match (b.id.as_str(), &b.reason) {
+                ("no-envelope", BrokenReason::MissingEnvelope) => true,
+                ("garbage", BrokenReason::Undecodable(_)) => {
+                    b.raw.as_deref() == Some(b"{not json".as_slice())
+                }
+                ("fractional" | "negative", BrokenReason::BadScore(_)) => true,
+                _ => false,
+            };
+            (b.id.as_str(), ok)
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            ("fractional", true),
+            ("garbage", true),
+            ("negative", true),
+            ("no-envelope", true)
+        ]
+    );
+    store.dead_letter(&broken, 123).await.unwrap();
+    let (tasks, broken) = all(&store).await;
+    assert_eq!((tasks.len(), broken.len()), (1, 0));
+    let dead: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("{t3}:dead")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 4);
+    let garbage: serde_json::Value = serde_json::from_str(&dead["garbage"]).unwrap();
+    assert_eq!(garbage["raw"], "{not json");
+    assert_eq!(garbage["at"], 123);
+    assert!(garbage["reason"].as_str().unwrap().contains("undecodable"));
+}
+
+#[tokio::test]
+async fn acknowledged_writes_survive_a_sigkill_of_redis() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), KeyLayout::new("t4").unwrap())
+        .await
+        .unwrap();
+    let tasks: Vec<Envelope> = (0..500u64)
+        .map(|i| envelope(&format!("k{i:03}"), i))
+        .collect();
+    store
+        .apply(&tasks.iter().map(upsert).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    server.kill();
+    assert!(
+        store.apply(&[upsert(&envelope("lost?", 1))]).await.is_err(),
+        "redis is down"
+    );
+    server.restart();
+    let store = RedisStore::connect(&server.url(), KeyLayout::new("t4").unwrap())
+        .await
+        .unwrap();
+    let (read, broken) = all(&store).await;
+    assert!(broken.is_empty());
+    assert_eq!(read, tasks);
+}

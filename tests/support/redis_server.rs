@@ -1,0 +1,99 @@
+//! A private `redis-server` for one test (or bench, or example): started from PATH on a Unix
+//! socket in its own temporary directory, with `appendonly yes` and `appendfsync always`, so a
+//! test can SIGKILL it and restart it on the same data. Shared through `#[path]` includes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to get the binary, for the failure message.
+const INSTALL: &str = "redis-server was not found on PATH. Install it (Debian/Ubuntu: \
+    `apt-get install -y redis-server`; macOS: `brew install redis`), or run `make test`, \
+    which installs it when it can.";
+
+/// A running private server; killed when dropped.
+pub struct RedisServer {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+#[allow(dead_code)]
+impl RedisServer {
+    /// Starts a server, panicking with install instructions when `redis-server` is missing.
+    pub fn start() -> RedisServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = RedisServer { dir, child: None };
+        server.spawn();
+        server
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// The connection URL (`redis+unix://...`).
+    pub fn url(&self) -> String {
+        format!("redis+unix://{}", self.socket().display())
+    }
+
+    /// The data directory (the append-only file lives here).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn spawn(&mut self) {
+        let socket = self.socket();
+        let _ = std::fs::remove_file(&socket);
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--unixsocket"])
+            .arg(&socket)
+            .args(["--unixsocketperm", "700", "--dir"])
+            .arg(self.dir.path())
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+            Err(e) => panic!("could not start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not open {}",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILLs the server: no shutdown, no final flush.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same data directory and socket.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
