@@ -44,6 +44,12 @@ async fn all(store: &RedisStore) -> (Vec<Envelope>, Vec<delaywheel::redis::Broke
     (tasks, broken)
 }
 
+async fn connect(server: &RedisServer, ns: &str) -> RedisStore {
+    RedisStore::connect(&server.url(), KeyLayout::new(ns).unwrap())
+        .await
+        .unwrap()
+}
+
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
@@ -80,9 +86,7 @@ fn namespaces_and_envelopes_refuse_bad_input() {
 #[tokio::test]
 async fn apply_writes_both_keys_and_the_last_op_per_id_wins() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), KeyLayout::new("t1").unwrap())
-        .await
-        .unwrap();
+    let store = connect(&server, "t1").await;
     let (a, b, c) = (envelope("a", 10), envelope("b", 20), envelope("c", 30));
     store
         .apply(&[
@@ -114,9 +118,7 @@ async fn apply_writes_both_keys_and_the_last_op_per_id_wins() {
 #[tokio::test]
 async fn paging_reads_every_entry_in_small_replies() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), KeyLayout::new("t2").unwrap())
-        .await
-        .unwrap();
+    let store = connect(&server, "t2").await;
     let tasks: Vec<Envelope> = (0..10_000u64)
         .map(|i| envelope(&format!("order:{i:05}"), 1_000 + i))
         .collect();
@@ -139,9 +141,7 @@ async fn paging_reads_every_entry_in_small_replies() {
 #[tokio::test]
 async fn broken_entries_are_sorted_out_and_dead_lettered() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), KeyLayout::new("t3").unwrap())
-        .await
-        .unwrap();
+    let store = connect(&server, "t3").await;
     store.apply(&[upsert(&envelope("good", 42))]).await.unwrap();
     let mut conn = raw(&server.url()).await;
     let _: () = redis::pipe()
@@ -222,9 +222,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
 #[tokio::test]
 async fn acknowledged_writes_survive_a_sigkill_of_redis() {
     let mut server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), KeyLayout::new("t4").unwrap())
-        .await
-        .unwrap();
+    let store = connect(&server, "t4").await;
     let tasks: Vec<Envelope> = (0..500u64)
         .map(|i| envelope(&format!("k{i:03}"), i))
         .collect();
@@ -238,9 +236,7 @@ async fn acknowledged_writes_survive_a_sigkill_of_redis() {
         "redis is down"
     );
     server.restart();
-    let store = RedisStore::connect(&server.url(), KeyLayout::new("t4").unwrap())
-        .await
-        .unwrap();
+    let store = connect(&server, "t4").await;
     let (read, broken) = all(&store).await;
     assert!(broken.is_empty());
     assert_eq!(read, tasks);
