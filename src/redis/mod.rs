@@ -1,9 +1,9 @@
 //! The Redis layer (feature `redis`): the task envelope, the key layout, and a store that keeps
 //! pending tasks in a Redis ZSET + HASH.
 //!
-//! **Status**: this is the storage foundation of the persistence layer. The write-behind
-//! flusher, `restore()` into a running engine, the durability modes and the shared delay queue
-//! build on it and are not here yet.
+//! [`Persistent`] is an engine whose tasks survive a restart: a write-behind flusher mirrors
+//! them into Redis and [`Persistent::restore`] reloads them. The shared delay queue (several
+//! instances claiming from one ZSET) is not here yet.
 //!
 //! # Key layout
 //!
@@ -20,8 +20,12 @@
 
 mod envelope;
 mod layout;
+mod persistent;
 mod store;
 
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS};
 pub use layout::{KeyLayout, NamespaceError};
+pub use persistent::{
+    now_ms, Durability, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
+};
 pub use store::{Broken, BrokenReason, Op, Page, RedisStore, StoreError};

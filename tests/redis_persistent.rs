@@ -1,0 +1,218 @@
+//! Write-behind persistence against a private `redis-server`: restart, coalescing, Redis down
+//! with a bounded journal, WriteThrough, and restore of broken entries.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use delaywheel::redis::{now_ms, Durability, PersistConfig, PersistError, Persistent, WhenFull};
+use redis_server::RedisServer;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn config(server: &RedisServer, ns: &str) -> PersistConfig {
+    PersistConfig::new(server.url(), ns)
+}
+
+fn redis_int(server: &RedisServer, args: &[&str]) -> i64 {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn).unwrap()
+}
+
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn tasks_survive_a_restart_and_fire_once_each_not_before_due() {
+    let server = RedisServer::start();
+    let n = 100_000u64;
+    let base = now_ms() + 1_500;
+    {
+        let (first, _fired) = Persistent::start(config(&server, "restart")).unwrap();
+        for i in 0..n {
+            let due = base + i % 1_000; // staggered over one second
+            first
+                .schedule(
+                    format!("order:{i}"),
+                    "order.close",
+                    serde_json::json!({ "i": i }),
+                    due,
+                )
+                .unwrap();
+        }
+        first.shutdown(); // graceful: flushes, leaves everything in Redis
+    }
+    assert_eq!(redis_int(&server, &["ZCARD", "{restart}:due"]), n as i64);
+
+    let (second, fired) = Persistent::start(config(&server, "restart")).unwrap();
+    let report = second.restore(1_000).unwrap();
+    assert_eq!((report.loaded, report.dead_lettered), (n as usize, 0));
+    let mut seen = HashSet::new();
+    for _ in 0..n {
+        let task = fired
+            .recv_timeout(PATIENCE)
+            .expect("a restored task never fired");
+        assert!(
+            now_ms() >= task.due_at,
+            "{} fired before its due time",
+            task.id
+        );
+        assert!(seen.insert(task.id.clone()), "{} fired twice", task.id);
+        assert!(second.ack(&task.id));
+    }
+    assert!(fired.recv_timeout(Duration::from_millis(200)).is_err());
+    assert!(second.flush(PATIENCE));
+    assert_eq!(redis_int(&server, &["ZCARD", "{restart}:due"]), 0);
+    assert_eq!(redis_int(&server, &["HLEN", "{restart}:tasks"]), 0);
+}
+
+#[test]
+fn scheduled_and_cancelled_within_a_window_costs_no_redis_command() {
+    let server = RedisServer::start();
+    let mut cfg = config(&server, "coalesce");
+    cfg.flush_interval = Duration::from_secs(2);
+    let (p, _fired) = Persistent::start(cfg).unwrap();
+    assert!(p.flush(PATIENCE)); // let the first rounds pass
+    let (zadd, zrem) = (
+        command_calls(&server, "zadd"),
+        command_calls(&server, "zrem"),
+    );
+    for i in 0..1_000 {
+        p.schedule(
+            format!("req:{i}"),
+            "timeout",
+            serde_json::Value::Null,
+            now_ms() + 60_000,
+        )
+        .unwrap();
+        assert!(p.cancel(&format!("req:{i}")));
+    }
+    assert_eq!(p.journal_depth(), 0);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(command_calls(&server, "zadd"), zadd);
+    assert_eq!(command_calls(&server, "zrem"), zrem);
+    // A task that did reach Redis costs one ZREM when cancelled.
+    p.schedule("kept", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+    assert_eq!(redis_int(&server, &["ZCARD", "{coalesce}:due"]), 1);
+    assert!(p.cancel("kept"));
+    assert!(p.flush(PATIENCE));
+    assert_eq!(redis_int(&server, &["ZCARD", "{coalesce}:due"]), 0);
+}
+
+#[test]
+fn redis_down_bound_exceeded_refuses_and_the_flusher_catches_up() {
+    let mut server = RedisServer::start();
+    let mut cfg = config(&server, "down");
+    cfg.journal_bound = 50;
+    cfg.when_full = WhenFull::Error;
+    let (p, fired) = Persistent::start(cfg).unwrap();
+    server.kill();
+    for i in 0..50 {
+        p.schedule(
+            format!("t{i}"),
+            "t",
+            serde_json::Value::Null,
+            now_ms() + 60_000,
+        )
+        .unwrap();
+    }
+    match p.schedule("t50", "t", serde_json::json!("handed back"), now_ms()) {
+        Err(PersistError::JournalFull(envelope)) => {
+            assert_eq!(
+                (envelope.id.as_str(), &envelope.payload),
+                ("t50", &serde_json::json!("handed back"))
+            );
+        }
+        other => panic!("expected JournalFull, got {other:?}"),
+    }
+    // The engine keeps firing in memory while Redis is down.
+    p.cancel("t0");
+    p.schedule("now", "t", serde_json::Value::Null, now_ms())
+        .unwrap();
+    assert_eq!(fired.recv_timeout(PATIENCE).unwrap().id, "now");
+    server.restart();
+    let start = Instant::now();
+    while p.journal_depth() > 0 {
+        assert!(start.elapsed() < PATIENCE, "the flusher did not catch up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(p.flush(PATIENCE));
+    // t1..t49 and "now" (fired, not acknowledged) are in Redis; t0 was cancelled.
+    assert_eq!(redis_int(&server, &["ZCARD", "{down}:due"]), 50);
+}
+
+#[test]
+fn write_through_returns_once_redis_has_the_task() {
+    let server = RedisServer::start();
+    let mut cfg = config(&server, "wt");
+    cfg.durability = Durability::WriteThrough;
+    cfg.flush_interval = Duration::from_millis(20);
+    let (p, _fired) = Persistent::start(cfg).unwrap();
+    for i in 0..20 {
+        let id = format!("pay:{i}");
+        p.schedule(
+            id.clone(),
+            "payment.expire",
+            serde_json::Value::Null,
+            now_ms() + 60_000,
+        )
+        .unwrap();
+        assert_eq!(
+            redis_int(&server, &["ZCARD", "{wt}:due"]),
+            i + 1,
+            "{id} not yet in Redis"
+        );
+    }
+}
+
+#[test]
+fn restore_dead_letters_broken_entries_and_loads_the_rest() {
+    let server = RedisServer::start();
+    let (p, _fired) = Persistent::start(config(&server, "junk")).unwrap();
+    p.schedule("ok", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+    drop(p);
+    redis_int(&server, &["ZADD", "{junk}:due", "5", "orphan"]);
+    redis_int(&server, &["ZADD", "{junk}:due", "5", "bad"]);
+    redis_int(&server, &["HSET", "{junk}:tasks", "bad", "\u{1}garbage"]);
+    let (p, _fired) = Persistent::start(config(&server, "junk")).unwrap();
+    let report = p.restore(10).unwrap();
+    assert_eq!((report.loaded, report.dead_lettered), (1, 2));
+    assert_eq!(redis_int(&server, &["HLEN", "{junk}:dead"]), 2);
+    assert_eq!(p.len(), 1);
+}
+
+#[test]
+fn oversized_payloads_are_refused_with_the_envelope() {
+    let server = RedisServer::start();
+    let mut cfg = config(&server, "big");
+    cfg.max_envelope = 256;
+    let (p, _fired) = Persistent::start(cfg).unwrap();
+    let big = serde_json::json!("x".repeat(1_000));
+    match p.schedule("big", "t", big.clone(), now_ms()) {
+        Err(PersistError::Envelope(_, envelope)) => assert_eq!(envelope.payload, big),
+        other => panic!("expected an envelope error, got {other:?}"),
+    }
+    assert!(p.is_empty());
+}
