@@ -156,6 +156,14 @@ struct Journal {
     oldest: Option<Instant>,
 }
 
+impl Journal {
+    /// Records `op` for its id, replacing any earlier unflushed change to that id.
+    fn record(&mut self, op: Op) {
+        self.ops.insert(op.id().to_string(), op);
+        self.oldest.get_or_insert_with(Instant::now);
+    }
+}
+
 struct Inner {
     cfg: PersistConfig,
     index: Mutex<HashMap<String, Entry>>,
@@ -300,8 +308,7 @@ impl Persistent {
                 }
             }
             let mut journal = self.inner.journal.lock();
-            journal.ops.insert(id, op);
-            journal.oldest.get_or_insert_with(Instant::now);
+            journal.record(op);
             journal.flushed
         };
         if self.inner.cfg.durability == Durability::WriteThrough {
@@ -370,10 +377,7 @@ impl Persistent {
             // Scheduled and cancelled within one flush window: Redis never hears of it.
             journal.ops.remove(id);
         } else {
-            journal
-                .ops
-                .insert(id.to_string(), Op::Remove(id.to_string()));
-            journal.oldest.get_or_insert_with(Instant::now);
+            journal.record(Op::Remove(id.to_string()));
         }
         true
     }
@@ -386,11 +390,7 @@ impl Persistent {
             return false;
         }
         index.remove(id);
-        let mut journal = self.inner.journal.lock();
-        journal
-            .ops
-            .insert(id.to_string(), Op::Remove(id.to_string()));
-        journal.oldest.get_or_insert_with(Instant::now);
+        self.inner.journal.lock().record(Op::Remove(id.to_string()));
         true
     }
 
@@ -595,10 +595,7 @@ fn flush_loop(inner: Arc<Inner>, store: RedisStore, rt: &tokio::runtime::Runtime
             } else {
                 // Changes made while this batch was out are newer: they win.
                 for op in failed {
-                    let id = match &op {
-                        Op::Upsert { id, .. } | Op::Remove(id) => id.clone(),
-                    };
-                    journal.ops.entry(id).or_insert(op);
+                    journal.ops.entry(op.id().to_string()).or_insert(op);
                 }
                 journal.oldest = journal.oldest.min(oldest).or(oldest);
                 backoff = (backoff * 2).min(Duration::from_secs(1));

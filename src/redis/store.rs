@@ -26,7 +26,8 @@ pub enum Op {
 }
 
 impl Op {
-    fn id(&self) -> &str {
+    /// The task id the operation is about.
+    pub(crate) fn id(&self) -> &str {
         match self {
             Op::Upsert { id, .. } | Op::Remove(id) => id,
         }
