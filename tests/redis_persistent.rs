@@ -1,14 +1,19 @@
 //! Write-behind persistence against a private `redis-server`: restart, coalescing, Redis down
-//! with a bounded journal, WriteThrough, and restore of broken entries.
+//! with a bounded journal, WriteThrough, restore of broken entries, snapshots, the overdue
+//! policy and the dedup markers.
 #![cfg(feature = "redis")]
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
 use std::collections::HashSet;
+use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use delaywheel::redis::{now_ms, Durability, PersistConfig, PersistError, Persistent, WhenFull};
+use delaywheel::redis::{
+    now_ms, Begin, Dedup, DedupError, Durability, Overdue, PersistConfig, PersistError,
+    Persistent, WhenFull,
+};
 use redis_server::RedisServer;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -215,4 +220,137 @@ fn oversized_payloads_are_refused_with_the_envelope() {
         other => panic!("expected an envelope error, got {other:?}"),
     }
     assert!(p.is_empty());
+}
+
+fn members(server: &RedisServer, key: &str) -> HashSet<String> {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let all: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap();
+    all.into_iter().collect()
+}
+
+#[test]
+fn snapshot_makes_redis_match_memory_exactly_and_retries_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let (p, _fired) = Persistent::start(config(&server, "snap")).unwrap();
+    let mut expected = HashSet::new();
+    for i in 0..2_000 {
+        let id = format!("o{i}");
+        p.schedule(id.clone(), "t", serde_json::json!(i), now_ms() + 3_600_000)
+            .unwrap();
+        expected.insert(id);
+    }
+    assert!(p.flush(PATIENCE));
+    // Drift between Redis and memory: a stray entry another writer left behind.
+    redis_int(&server, &["ZADD", "{snap}:due", "5", "ghost"]);
+    redis_int(&server, &["HSET", "{snap}:tasks", "ghost", "{}"]);
+    assert_eq!(p.snapshot(PATIENCE), Some(2_000));
+    assert_eq!(members(&server, "{snap}:due"), expected);
+    assert_eq!(redis_int(&server, &["HLEN", "{snap}:tasks"]), 2_000);
+
+    // With Redis down the snapshot does not complete, and the flusher keeps at it.
+    server.kill();
+    for i in 0..500 {
+        let id = format!("o{i}");
+        assert!(p.cancel(&id));
+        expected.remove(&id);
+    }
+    assert_eq!(p.snapshot(Duration::from_millis(300)), None);
+    server.restart();
+    assert!(p.flush(PATIENCE));
+    assert_eq!(members(&server, "{snap}:due"), expected);
+    assert_eq!(redis_int(&server, &["HLEN", "{snap}:tasks"]), 1_500);
+}
+
+#[test]
+fn restore_fires_overdue_tasks_no_faster_than_the_rate_limit() {
+    let server = RedisServer::start();
+    let n = 300u64;
+    {
+        // Written straight into Redis: a backlog that fell due while no process held it.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let keys = delaywheel::redis::KeyLayout::new("late").unwrap();
+        let store = rt
+            .block_on(delaywheel::redis::RedisStore::connect(&server.url(), keys))
+            .unwrap();
+        let past = now_ms() - 60_000;
+        let ops: Vec<_> = (0..n)
+            .map(|i| {
+                let e = delaywheel::redis::Envelope {
+                    id: format!("late{i}"),
+                    topic: "t".into(),
+                    payload: serde_json::Value::Null,
+                    attempt: 0,
+                    created_at: past,
+                    due_at: past + i,
+                };
+                delaywheel::redis::Op::Upsert {
+                    id: e.id.clone(),
+                    due_at: e.due_at,
+                    envelope: e.encode(1 << 20).unwrap(),
+                }
+            })
+            .collect();
+        rt.block_on(store.apply(&ops)).unwrap();
+    }
+    let mut cfg = config(&server, "late");
+    cfg.overdue = Overdue::RateLimited {
+        per_second: NonZeroU32::new(1_000).unwrap(),
+    };
+    let (p, fired) = Persistent::start(cfg).unwrap();
+    let t0 = Instant::now();
+    let report = p.restore(100).unwrap();
+    assert_eq!((report.loaded, report.overdue), (n as usize, n as usize));
+    let mut arrivals = Vec::new();
+    for _ in 0..n {
+        fired.recv_timeout(PATIENCE).expect("an overdue task never fired");
+        arrivals.push(t0.elapsed());
+    }
+    // At 1 000/s the k-th overdue task waits k ms: by time k ms at most k have fired.
+    for (k, at) in arrivals.iter().enumerate() {
+        assert!(
+            *at >= Duration::from_millis(k as u64),
+            "overdue task #{k} fired at {at:?}, faster than 1 000/s"
+        );
+    }
+}
+
+#[test]
+fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let dedup = Dedup::connect(
+            &server.url(),
+            "orders",
+            Duration::from_millis(200),
+            Duration::from_secs(3_600),
+        )
+        .await
+        .unwrap();
+        assert_eq!(dedup.begin("o1").await.unwrap(), Begin::Run);
+        assert_eq!(dedup.begin("o1").await.unwrap(), Begin::InProgress);
+        dedup.finish("o1").await.unwrap();
+        assert_eq!(dedup.begin("o1").await.unwrap(), Begin::AlreadyDone);
+        // A failed attempt gives the task back at once; `abandon` never undoes `done`.
+        assert_eq!(dedup.begin("o2").await.unwrap(), Begin::Run);
+        dedup.abandon("o2").await.unwrap();
+        assert_eq!(dedup.begin("o2").await.unwrap(), Begin::Run);
+        dedup.abandon("o1").await.unwrap();
+        assert_eq!(dedup.begin("o1").await.unwrap(), Begin::AlreadyDone);
+        // A handler that crashed holding the marker: the lease lapses and the task runs again.
+        assert_eq!(dedup.begin("o3").await.unwrap(), Begin::Run);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(dedup.begin("o3").await.unwrap(), Begin::Run);
+        assert!(matches!(
+            Dedup::connect(&server.url(), "a{b", Duration::ZERO, Duration::ZERO).await,
+            Err(DedupError::Namespace(_))
+        ));
+    });
+    assert!(redis_int(&server, &["PTTL", "{orders}:done:o1"]) > 3_000_000);
 }

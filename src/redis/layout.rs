@@ -8,6 +8,7 @@ pub struct KeyLayout {
     due: String,
     tasks: String,
     dead: String,
+    ns: String,
 }
 
 /// A namespace that cannot be used as a hash tag.
@@ -37,6 +38,7 @@ impl KeyLayout {
             due: format!("{{{ns}}}:due"),
             tasks: format!("{{{ns}}}:tasks"),
             dead: format!("{{{ns}}}:dead"),
+            ns: ns.to_string(),
         })
     }
 
@@ -53,5 +55,10 @@ impl KeyLayout {
     /// The HASH of dead-lettered entries.
     pub fn dead(&self) -> &str {
         &self.dead
+    }
+
+    /// The prefix of processed-id markers ([`Dedup`](super::Dedup)): `{ns}:done:`.
+    pub fn marker_prefix(&self) -> String {
+        format!("{{{}}}:done:", self.ns)
     }
 }

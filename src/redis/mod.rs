@@ -15,17 +15,22 @@
 //! | `{ns}:due` | ZSET | member = task id, score = due time in ms since the Unix epoch |
 //! | `{ns}:tasks` | HASH | task id → the JSON [`Envelope`] |
 //! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at" }` of an entry that could not be used |
+//! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running` (lease TTL) or `done` (keep TTL) |
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.
 
+mod dedup;
 mod envelope;
 mod layout;
 mod persistent;
 mod store;
+mod task_store;
 
+pub use dedup::{Begin, Dedup, DedupError};
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS};
 pub use layout::{KeyLayout, NamespaceError};
 pub use persistent::{
-    now_ms, Durability, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
+    now_ms, Durability, Overdue, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
 };
 pub use store::{Broken, BrokenReason, Op, Page, RedisStore, StoreError};
+pub use task_store::TaskStore;

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -25,6 +26,7 @@ use parking_lot::{Condvar, Mutex};
 use super::envelope::{Envelope, EnvelopeError};
 use super::layout::{KeyLayout, NamespaceError};
 use super::store::{Op, RedisStore, StoreError};
+use super::task_store::TaskStore;
 use crate::{BuildError, Timer, TimerId};
 
 /// When a change counts as done.
@@ -49,6 +51,21 @@ pub enum WhenFull {
     Error,
 }
 
+/// What [`Persistent::restore`] does with tasks whose due time passed while no process held
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overdue {
+    /// Fire them all at once.
+    #[default]
+    AtOnce,
+    /// Fire them at most this many per second, in the order restore finds them, so that a
+    /// backlog after a long outage does not flood the handlers.
+    RateLimited {
+        /// Overdue tasks fired per second.
+        per_second: NonZeroU32,
+    },
+}
+
 /// Settings of a [`Persistent`] engine.
 #[derive(Debug, Clone)]
 pub struct PersistConfig {
@@ -70,6 +87,8 @@ pub struct PersistConfig {
     pub max_envelope: usize,
     /// Queue of fired tasks waiting for the consumer (default 65 536; the driver waits when full).
     pub fired_bound: usize,
+    /// What `restore` does with overdue tasks (default: fire at once).
+    pub overdue: Overdue,
 }
 
 impl PersistConfig {
@@ -85,6 +104,7 @@ impl PersistConfig {
             durability: Durability::WriteBehind,
             max_envelope: 64 * 1024,
             fired_bound: 65_536,
+            overdue: Overdue::AtOnce,
         }
     }
 }
@@ -135,6 +155,8 @@ pub struct RestoreReport {
     pub loaded: usize,
     /// Broken entries moved to the dead-letter hash.
     pub dead_lettered: usize,
+    /// Loaded tasks that were already due (fired per [`Overdue`]).
+    pub overdue: usize,
 }
 
 struct Entry {
@@ -154,6 +176,12 @@ struct Journal {
     flushed: u64,
     /// When the oldest unflushed change was made.
     oldest: Option<Instant>,
+    /// A snapshot was asked for: the next round writes the whole pending set instead of the
+    /// journal (which it subsumes). Stays set until a snapshot succeeds.
+    snapshot_wanted: bool,
+    /// Completed snapshots, and the size of the last one.
+    snapshots: u64,
+    snapshot_len: usize,
 }
 
 impl Journal {
@@ -178,15 +206,17 @@ struct Inner {
 /// An engine whose tasks survive a restart: tasks with string ids and JSON payloads,
 /// mirrored into Redis by a write-behind flusher. Fired tasks arrive on the receiver returned
 /// by [`start`](Self::start) and leave Redis when [`ack`](Self::ack)ed.
-pub struct Persistent {
+///
+/// The store is Redis unless [`with_store`](Self::with_store) is given another [`TaskStore`].
+pub struct Persistent<S: TaskStore = RedisStore> {
     inner: Arc<Inner>,
     timer: Timer<String>,
     flusher: Mutex<Option<JoinHandle<()>>>,
-    store: RedisStore,
+    store: S,
     rt: Arc<tokio::runtime::Runtime>,
 }
 
-impl fmt::Debug for Persistent {
+impl<S: TaskStore> fmt::Debug for Persistent<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Persistent")
             .field("namespace", &self.inner.cfg.namespace)
@@ -195,23 +225,50 @@ impl fmt::Debug for Persistent {
     }
 }
 
-impl Persistent {
-    /// Connects, starts the engine and the flusher. Call [`restore`](Self::restore) next to load
-    /// what a previous process left.
-    pub fn start(cfg: PersistConfig) -> Result<(Persistent, Receiver<Envelope>), PersistError> {
+/// One worker thread drives the store's connection; the flusher and `restore` block on it.
+fn store_runtime() -> Result<Arc<tokio::runtime::Runtime>, PersistError> {
+    Ok(Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("delaywheel-store")
+            .enable_all()
+            .build()
+            .map_err(|e| PersistError::Build(BuildError::Spawn(e.to_string())))?,
+    ))
+}
+
+impl Persistent<RedisStore> {
+    /// Connects to `cfg.url`, starts the engine and the flusher. Call
+    /// [`restore`](Self::restore) next to load what a previous process left. Errors: a
+    /// namespace that cannot be a hash tag, an unreachable Redis, no threads.
+    pub fn start(
+        cfg: PersistConfig,
+    ) -> Result<(Persistent<RedisStore>, Receiver<Envelope>), PersistError> {
         let keys = KeyLayout::new(&cfg.namespace).map_err(PersistError::Namespace)?;
-        // One worker thread drives the Redis connection; the flusher and `restore` block on it.
-        let rt = Arc::new(
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("delaywheel-redis")
-                .enable_all()
-                .build()
-                .map_err(|e| PersistError::Build(BuildError::Spawn(e.to_string())))?,
-        );
+        let rt = store_runtime()?;
         let store = rt
             .block_on(RedisStore::connect(&cfg.url, keys))
             .map_err(PersistError::Store)?;
+        Persistent::launch(cfg, store, rt)
+    }
+}
+
+impl<S: TaskStore> Persistent<S> {
+    /// Starts the engine on another store (`cfg.url` and `cfg.namespace` are not used). The
+    /// store's futures run on the engine's own single-threaded tokio runtime.
+    pub fn with_store(
+        cfg: PersistConfig,
+        store: S,
+    ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
+        let rt = store_runtime()?;
+        Persistent::launch(cfg, store, rt)
+    }
+
+    fn launch(
+        cfg: PersistConfig,
+        store: S,
+        rt: Arc<tokio::runtime::Runtime>,
+    ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound.max(1));
         let inner = Arc::new(Inner {
             cfg,
@@ -232,7 +289,7 @@ impl Persistent {
             let (inner, store, rt) = (inner.clone(), store.clone(), rt.clone());
             std::thread::Builder::new()
                 .name("delaywheel-flush".into())
-                .spawn(move || flush_loop(inner, store, &rt))
+                .spawn(move || flush_loop(&inner, &store, &rt))
                 .map_err(|e| PersistError::Build(BuildError::Spawn(e.to_string())))?
         };
         Ok((
@@ -404,6 +461,11 @@ impl Persistent {
         self.len() == 0
     }
 
+    /// Whether task `id` is held: pending, or fired and not yet acknowledged.
+    pub fn contains(&self, id: &str) -> bool {
+        self.inner.index.lock().contains_key(id)
+    }
+
     /// Unflushed changes in the journal.
     pub fn journal_depth(&self) -> usize {
         self.inner.journal.lock().ops.len()
@@ -415,6 +477,7 @@ impl Persistent {
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
         let mut report = RestoreReport::default();
         let mut cursor = 0;
+        let mut overdue = 0u64;
         loop {
             let page = self
                 .rt
@@ -432,7 +495,17 @@ impl Persistent {
                 if index.contains_key(&envelope.id) {
                     continue; // a ZSCAN may return an entry twice
                 }
-                let delay = Duration::from_millis(envelope.due_at.saturating_sub(now));
+                let delay = if envelope.due_at > now {
+                    Duration::from_millis(envelope.due_at - now)
+                } else {
+                    overdue += 1;
+                    match self.inner.cfg.overdue {
+                        Overdue::AtOnce => Duration::ZERO,
+                        Overdue::RateLimited { per_second } => Duration::from_millis(
+                            (overdue - 1).saturating_mul(1_000) / u64::from(per_second.get()),
+                        ),
+                    }
+                };
                 let timer = match self.timer.schedule(envelope.id.clone(), delay) {
                     Ok(t) => t,
                     Err(_) => return Err(PersistError::Shutdown(Box::new(envelope))),
@@ -453,8 +526,10 @@ impl Persistent {
             }
             cursor = page.next;
         }
+        report.overdue = overdue as usize;
         tracing::info!(
             loaded = report.loaded,
+            overdue = report.overdue,
             dead_lettered = report.dead_lettered,
             "restored"
         );
@@ -483,6 +558,31 @@ impl Persistent {
         true
     }
 
+    /// Writes the whole pending set (pending and fired-but-unacknowledged tasks) to the store
+    /// and swaps it in atomically, so that the store then matches memory exactly: anything a
+    /// lost write or a stray writer left behind is gone. The flusher does it as its next round,
+    /// in place of the journal it subsumes. Returns the number of tasks written, or `None` if it
+    /// did not complete within `timeout` (the store is down; the flusher keeps retrying it).
+    pub fn snapshot(&self, timeout: Duration) -> Option<usize> {
+        let deadline = Instant::now() + timeout;
+        let mut journal = self.inner.journal.lock();
+        journal.snapshot_wanted = true;
+        let target = journal.snapshots + 1;
+        self.inner.kick.notify_one();
+        while journal.snapshots < target {
+            if self.inner.stopping.load(SeqCst)
+                || self
+                    .inner
+                    .flushed
+                    .wait_until(&mut journal, deadline)
+                    .timed_out()
+            {
+                return (journal.snapshots >= target).then_some(journal.snapshot_len);
+            }
+        }
+        Some(journal.snapshot_len)
+    }
+
     /// Stops the engine and the flusher after a final flush of up to 5 s. Pending tasks stay in
     /// Redis for the next process to restore; if Redis is down, the changes of the unflushed
     /// window are lost (logged).
@@ -503,7 +603,7 @@ impl Persistent {
     }
 }
 
-impl Drop for Persistent {
+impl<S: TaskStore> Drop for Persistent<S> {
     fn drop(&mut self) {
         if !self.inner.stopping.load(SeqCst) {
             self.shutdown();
@@ -546,59 +646,126 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: String) {
     }
 }
 
-/// The flusher: every interval, write the journal in batches; on failure, put the changes back
-/// (newer ones win) and back off.
-fn flush_loop(inner: Arc<Inner>, store: RedisStore, rt: &tokio::runtime::Runtime) {
+/// What one flusher round writes.
+enum Round {
+    /// The journaled changes, and when the oldest of them was made.
+    Journal(Vec<Op>, Option<Instant>),
+    /// The whole pending set (a snapshot), which subsumes the journal.
+    Snapshot(Vec<Arc<Envelope>>),
+}
+
+/// Takes the next round's work out of the journal (and, for a snapshot, the index).
+fn take_round(inner: &Inner) -> Round {
+    // Lock order: index, then journal (see the ground rules).
+    let mut index = inner.index.lock();
+    let mut journal = inner.journal.lock();
+    metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
+    if let Some(t) = journal.oldest {
+        metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
+    }
+    if journal.snapshot_wanted {
+        journal.snapshot_wanted = false;
+        journal.ops.clear();
+        journal.oldest = None;
+        let all = index
+            .values_mut()
+            .map(|entry| {
+                entry.persisted = true;
+                entry.envelope.clone()
+            })
+            .collect();
+        return Round::Snapshot(all);
+    }
+    let ops = std::mem::take(&mut journal.ops);
+    for (id, op) in &ops {
+        if let (Op::Upsert { .. }, Some(entry)) = (op, index.get_mut(id)) {
+            entry.persisted = true;
+        }
+    }
+    Round::Journal(ops.into_values().collect(), journal.oldest.take())
+}
+
+/// The flusher: every interval, write the journal in batches (or a snapshot when one is asked
+/// for); on failure, put the changes back (newer ones win) and back off.
+fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runtime) {
     let mut backoff = inner.cfg.flush_interval;
     let mut down_since: Option<Instant> = None;
     loop {
         let stopping = inner.stopping.load(SeqCst);
-        let (ops, oldest) = {
-            // Lock order: index, then journal (see the ground rules).
-            let mut index = inner.index.lock();
-            let mut journal = inner.journal.lock();
-            metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
-            if let Some(t) = journal.oldest {
-                metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
+        let (result, written) = match take_round(inner) {
+            Round::Journal(ops, oldest) => {
+                let mut failed: Vec<Op> = Vec::new();
+                let mut error = None;
+                for chunk in ops.chunks(inner.cfg.batch.max(1)) {
+                    if !failed.is_empty() {
+                        failed.extend_from_slice(chunk);
+                        continue;
+                    }
+                    if let Err(e) = rt.block_on(store.apply(chunk)) {
+                        error = Some(e);
+                        failed.extend_from_slice(chunk);
+                    }
+                }
+                metrics::counter!("delaywheel_flushed_ops_total")
+                    .increment((ops.len() - failed.len()) as u64);
+                if !failed.is_empty() {
+                    let mut journal = inner.journal.lock();
+                    // Changes made while this batch was out are newer: they win. After a
+                    // snapshot was asked for, the snapshot covers these too.
+                    if !journal.snapshot_wanted {
+                        for op in failed {
+                            journal.ops.entry(op.id().to_string()).or_insert(op);
+                        }
+                        journal.oldest = journal.oldest.min(oldest).or(oldest);
+                    }
+                }
+                (error.map_or(Ok(()), Err), None)
             }
-            let ops = std::mem::take(&mut journal.ops);
-            for (id, op) in &ops {
-                if let (Op::Upsert { .. }, Some(entry)) = (op, index.get_mut(id)) {
-                    entry.persisted = true;
+            Round::Snapshot(envelopes) => {
+                let ops: Vec<Op> = envelopes
+                    .iter()
+                    .filter_map(|e| {
+                        // Checked when scheduled; a failure here would be a serde bug.
+                        let bytes = e.encode(usize::MAX).ok()?;
+                        Some(Op::Upsert {
+                            id: e.id.clone(),
+                            due_at: e.due_at,
+                            envelope: bytes,
+                        })
+                    })
+                    .collect();
+                match rt.block_on(store.replace_all(&ops)) {
+                    Ok(()) => (Ok(()), Some(ops.len())),
+                    Err(e) => {
+                        inner.journal.lock().snapshot_wanted = true;
+                        (Err(e), None)
+                    }
                 }
             }
-            (ops, journal.oldest.take())
         };
-        let ops: Vec<Op> = ops.into_values().collect();
-        let mut failed: Vec<Op> = Vec::new();
-        for chunk in ops.chunks(inner.cfg.batch.max(1)) {
-            if !failed.is_empty() {
-                failed.extend_from_slice(chunk);
-                continue;
-            }
-            if let Err(e) = rt.block_on(store.apply(chunk)) {
-                if down_since.is_none() {
-                    tracing::warn!(error = %e, "redis write failed; retrying with backoff");
-                    down_since = Some(Instant::now());
-                }
-                failed.extend_from_slice(chunk);
-            }
-        }
         {
             let mut journal = inner.journal.lock();
-            if failed.is_empty() {
-                journal.flushed += 1;
-                if let Some(t) = down_since.take() {
-                    tracing::info!(after = ?t.elapsed(), "redis writes caught up");
+            match result {
+                Ok(()) => {
+                    journal.flushed += 1;
+                    if let Some(n) = written {
+                        journal.snapshots += 1;
+                        journal.snapshot_len = n;
+                        tracing::info!(tasks = n, "snapshot written");
+                    }
+                    if let Some(t) = down_since.take() {
+                        tracing::info!(after = ?t.elapsed(), "store writes caught up");
+                    }
+                    backoff = inner.cfg.flush_interval;
                 }
-                backoff = inner.cfg.flush_interval;
-            } else {
-                // Changes made while this batch was out are newer: they win.
-                for op in failed {
-                    journal.ops.entry(op.id().to_string()).or_insert(op);
+                Err(e) => {
+                    if down_since.is_none() {
+                        tracing::warn!(error = %e, "store write failed; retrying with backoff");
+                        down_since = Some(Instant::now());
+                    }
+                    metrics::counter!("delaywheel_flush_failures_total").increment(1);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
-                journal.oldest = journal.oldest.min(oldest).or(oldest);
-                backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         }
         inner.flushed.notify_all();

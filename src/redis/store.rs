@@ -3,11 +3,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 
 use redis::aio::ConnectionManager;
 
 use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::KeyLayout;
+use super::task_store::TaskStore;
 
 /// One change to the stored set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,25 +36,32 @@ impl Op {
     }
 }
 
-/// A Redis error from the store.
+/// An error of the store's backend (Redis, or another [`TaskStore`](super::TaskStore)).
 #[derive(Debug)]
-pub struct StoreError(pub redis::RedisError);
+pub struct StoreError(Box<dyn std::error::Error + Send + Sync>);
+
+impl StoreError {
+    /// Wraps a backend's error.
+    pub fn new(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError(e.into())
+    }
+}
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "redis: {}", self.0)
+        write!(f, "store: {}", self.0)
     }
 }
 
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
+        Some(&*self.0)
     }
 }
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
-        StoreError(e)
+        StoreError(Box::new(e))
     }
 }
 
@@ -263,5 +272,91 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
         Ok(())
+    }
+
+    /// Replaces the live set with the upserts in `tasks` (see
+    /// [`TaskStore::replace_all`]): writes them in pipelined batches into scratch keys of the
+    /// same hash tag, then swaps those in with one MULTI (DEL + RENAME), so readers see the old
+    /// set or the new one. One engine per namespace: two concurrent snapshots of the same
+    /// namespace would share the scratch keys.
+    pub async fn replace_all(&self, tasks: &[Op]) -> Result<(), StoreError> {
+        let scratch_due = format!("{}:snapshot", self.keys.due());
+        let scratch_tasks = format!("{}:snapshot", self.keys.tasks());
+        let mut conn = self.conn.clone();
+        redis::cmd("DEL")
+            .arg(&scratch_due)
+            .arg(&scratch_tasks)
+            .query_async::<()>(&mut conn)
+            .await?;
+        let mut written = 0usize;
+        for chunk in tasks.chunks(1_000) {
+            let (mut zadd, mut hset) = (redis::cmd("ZADD"), redis::cmd("HSET"));
+            zadd.arg(&scratch_due);
+            hset.arg(&scratch_tasks);
+            let mut n = 0;
+            for op in chunk {
+                if let Op::Upsert {
+                    id,
+                    due_at,
+                    envelope,
+                } = op
+                {
+                    zadd.arg(*due_at).arg(id.as_str());
+                    hset.arg(id.as_str()).arg(envelope.as_slice());
+                    n += 1;
+                }
+            }
+            if n == 0 {
+                continue;
+            }
+            let mut pipe = redis::pipe();
+            pipe.add_command(zadd).ignore().add_command(hset).ignore();
+            pipe.query_async::<()>(&mut conn).await?;
+            written += n;
+        }
+        let mut swap = redis::pipe();
+        swap.atomic();
+        swap.cmd("DEL")
+            .arg(self.keys.due())
+            .arg(self.keys.tasks())
+            .ignore();
+        if written > 0 {
+            swap.cmd("RENAME")
+                .arg(&scratch_due)
+                .arg(self.keys.due())
+                .ignore();
+            swap.cmd("RENAME")
+                .arg(&scratch_tasks)
+                .arg(self.keys.tasks())
+                .ignore();
+        }
+        swap.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+}
+
+impl TaskStore for RedisStore {
+    fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        RedisStore::apply(self, ops)
+    }
+
+    fn page(
+        &self,
+        cursor: u64,
+        count: usize,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send {
+        RedisStore::page(self, cursor, count)
+    }
+
+    fn dead_letter(
+        &self,
+        broken: &[Broken],
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        RedisStore::dead_letter(self, broken, now_ms)
+    }
+
+    fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        RedisStore::replace_all(self, tasks)
     }
 }

@@ -1,0 +1,145 @@
+//! A helper for idempotent handlers: delivery is at-least-once, so a handler may see a task
+//! twice (a crash between firing and the acknowledgement, a lease that expired). Both design
+//! notes give the same advice: a processed-id marker with a TTL, set with `SET NX`.
+//!
+//! The marker has two states, so that a crash in the middle of a handler does not swallow the
+//! task: `running` (a short lease) while the handler works, `done` (a long TTL) once it has.
+//! A redelivery that finds `running` backs off; once the lease lapses it runs again.
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::layout::{KeyLayout, NamespaceError};
+use super::store::StoreError;
+
+/// What [`Dedup::begin`] found for a task id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// No marker: this caller now holds the `running` marker and should do the work, then call
+    /// [`Dedup::finish`] (or [`Dedup::abandon`] if it failed).
+    Run,
+    /// The work was done already: skip it (and acknowledge the task).
+    AlreadyDone,
+    /// Another delivery is working on it right now (or crashed less than a lease ago).
+    InProgress,
+}
+
+/// Processed-id markers at `{ns}:done:<id>`, in the namespace's hash slot.
+#[derive(Clone)]
+pub struct Dedup {
+    conn: ConnectionManager,
+    prefix: String,
+    lease: Duration,
+    keep: Duration,
+}
+
+impl fmt::Debug for Dedup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dedup")
+            .field("prefix", &self.prefix)
+            .field("lease", &self.lease)
+            .field("keep", &self.keep)
+            .finish()
+    }
+}
+
+impl Dedup {
+    /// Markers for namespace `ns` on the Redis at `url`: a `running` marker lives `lease`
+    /// (longer than a handler takes), a `done` marker `keep` (longer than a task can be
+    /// redelivered). Durations below 1 ms count as 1 ms.
+    pub async fn connect(
+        url: &str,
+        ns: &str,
+        lease: Duration,
+        keep: Duration,
+    ) -> Result<Dedup, DedupError> {
+        let keys = KeyLayout::new(ns).map_err(DedupError::Namespace)?;
+        let client = redis::Client::open(url).map_err(|e| DedupError::Store(e.into()))?;
+        let conn = client
+            .get_connection_manager()
+            .await
+            .map_err(|e| DedupError::Store(e.into()))?;
+        Ok(Dedup {
+            conn,
+            prefix: keys.marker_prefix(),
+            lease,
+            keep,
+        })
+    }
+
+    fn key(&self, id: &str) -> String {
+        format!("{}{id}", self.prefix)
+    }
+
+    fn ms(d: Duration) -> u64 {
+        (d.as_millis() as u64).max(1)
+    }
+
+    /// Claims task `id` for processing, atomically (`SET NX PX ... GET`).
+    pub async fn begin(&self, id: &str) -> Result<Begin, StoreError> {
+        let mut conn = self.conn.clone();
+        let old: Option<String> = redis::cmd("SET")
+            .arg(self.key(id))
+            .arg("running")
+            .arg("NX")
+            .arg("PX")
+            .arg(Self::ms(self.lease))
+            .arg("GET")
+            .query_async(&mut conn)
+            .await?;
+        Ok(match old.as_deref() {
+            None => Begin::Run,
+            Some("done") => Begin::AlreadyDone,
+            Some(_) => Begin::InProgress,
+        })
+    }
+
+    /// Records that the work for `id` is done; later deliveries get [`Begin::AlreadyDone`] for
+    /// the `keep` duration.
+    pub async fn finish(&self, id: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(self.key(id))
+            .arg("done")
+            .arg("PX")
+            .arg(Self::ms(self.keep))
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Drops the `running` marker after a failed attempt, so a retry runs at once. A `done`
+    /// marker is left alone.
+    pub async fn abandon(&self, id: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == 'running' then redis.call('DEL', KEYS[1]) end",
+        )
+        .key(self.key(id))
+        .invoke_async::<()>(&mut conn)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Why [`Dedup::connect`] failed.
+#[derive(Debug)]
+pub enum DedupError {
+    /// The namespace cannot be a hash tag.
+    Namespace(NamespaceError),
+    /// Redis refused or is unreachable.
+    Store(StoreError),
+}
+
+impl fmt::Display for DedupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DedupError::Namespace(e) => e.fmt(f),
+            DedupError::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DedupError {}

@@ -1,0 +1,151 @@
+//! The persistent engine on a store that is not Redis: an in-memory `TaskStore` written here,
+//! as a PostgreSQL store would be. The engine code is the same; only the trait is implemented.
+#![cfg(feature = "redis")]
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use delaywheel::redis::{
+    now_ms, Broken, Envelope, Op, Page, PersistConfig, Persistent, StoreError, TaskStore,
+};
+use parking_lot::Mutex;
+
+/// id → (due_at, encoded envelope); `down` makes every call fail.
+#[derive(Clone, Default)]
+struct MemStore {
+    rows: Arc<Mutex<BTreeMap<String, (u64, Vec<u8>)>>>,
+    down: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl MemStore {
+    fn check(&self) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, SeqCst);
+        if self.down.load(SeqCst) {
+            return Err(StoreError::new("store is down"));
+        }
+        Ok(())
+    }
+
+    fn ids(&self) -> HashSet<String> {
+        self.rows.lock().keys().cloned().collect()
+    }
+}
+
+impl TaskStore for MemStore {
+    fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let result = self.check().map(|()| {
+            let mut rows = self.rows.lock();
+            for op in ops {
+                match op {
+                    Op::Upsert {
+                        id,
+                        due_at,
+                        envelope,
+                    } => {
+                        rows.insert(id.clone(), (*due_at, envelope.clone()));
+                    }
+                    Op::Remove(id) => {
+                        rows.remove(id);
+                    }
+                }
+            }
+        });
+        async move { result }
+    }
+
+    fn page(
+        &self,
+        cursor: u64,
+        count: usize,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send {
+        let result = self.check().map(|()| {
+            let rows = self.rows.lock();
+            let mut page = Page::default();
+            for (_, (due, raw)) in rows.iter().skip(cursor as usize).take(count) {
+                let mut e = Envelope::decode(raw).expect("this store holds only good rows");
+                e.due_at = *due;
+                page.tasks.push(e);
+            }
+            let next = cursor as usize + page.tasks.len();
+            page.next = if next >= rows.len() { 0 } else { next as u64 };
+            page
+        });
+        async move { result }
+    }
+
+    fn dead_letter(
+        &self,
+        broken: &[Broken],
+        _now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let result = self.check().map(|()| {
+            assert!(broken.is_empty(), "this store never yields broken rows");
+        });
+        async move { result }
+    }
+
+    fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let result = self.check().map(|()| {
+            let mut rows = self.rows.lock();
+            rows.clear();
+            for op in tasks {
+                if let Op::Upsert {
+                    id,
+                    due_at,
+                    envelope,
+                } = op
+                {
+                    rows.insert(id.clone(), (*due_at, envelope.clone()));
+                }
+            }
+        });
+        async move { result }
+    }
+}
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+#[test]
+fn the_engine_persists_and_restores_through_another_store() {
+    let store = MemStore::default();
+    let cfg = PersistConfig::new("unused://", "unused");
+    let far = now_ms() + 3_600_000;
+    {
+        let (p, _fired) = Persistent::with_store(cfg.clone(), store.clone()).unwrap();
+        for i in 0..1_000 {
+            p.schedule(format!("t{i}"), "topic", serde_json::json!(i), far)
+                .unwrap();
+        }
+        for i in 0..100 {
+            assert!(p.cancel(&format!("t{i}")));
+        }
+        assert!(p.flush(PATIENCE));
+        assert_eq!(store.ids().len(), 900);
+
+        // While the store is down the journal holds the changes; they land when it is back.
+        store.down.store(true, SeqCst);
+        for i in 100..200 {
+            assert!(p.cancel(&format!("t{i}")));
+        }
+        assert!(!p.flush(Duration::from_millis(200)));
+        assert_eq!(store.ids().len(), 900);
+        store.down.store(false, SeqCst);
+        assert!(p.flush(PATIENCE));
+        assert_eq!(store.ids().len(), 800);
+        assert_eq!(p.snapshot(PATIENCE), Some(800));
+        p.shutdown();
+    }
+    let expected: HashSet<String> = (200..1_000).map(|i| format!("t{i}")).collect();
+    assert_eq!(store.ids(), expected);
+
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let report = p.restore(64).unwrap();
+    assert_eq!(report.loaded, 800);
+    assert!(expected.iter().all(|id| p.contains(id)));
+    assert!(!p.contains("t0"));
+    assert!(store.calls.load(SeqCst) > 0);
+}
