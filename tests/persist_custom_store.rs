@@ -13,10 +13,13 @@ use delaywheel::redis::{
 };
 use parking_lot::Mutex;
 
-/// id → (due_at, encoded envelope); `down` makes every call fail.
+/// id → (due_at, encoded envelope).
+type Rows = BTreeMap<String, (u64, Vec<u8>)>;
+
+/// `down` makes every call fail.
 #[derive(Clone, Default)]
 struct MemStore {
-    rows: Arc<Mutex<BTreeMap<String, (u64, Vec<u8>)>>>,
+    rows: Arc<Mutex<Rows>>,
     down: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
 }
