@@ -11,8 +11,8 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
-    now_ms, Begin, Dedup, DedupError, Durability, Overdue, PersistConfig, PersistError,
-    Persistent, WhenFull,
+    now_ms, Begin, Dedup, DedupError, Durability, Overdue, PersistConfig, PersistError, Persistent,
+    WhenFull,
 };
 use redis_server::RedisServer;
 
@@ -308,7 +308,9 @@ fn restore_fires_overdue_tasks_no_faster_than_the_rate_limit() {
     assert_eq!((report.loaded, report.overdue), (n as usize, n as usize));
     let mut arrivals = Vec::new();
     for _ in 0..n {
-        fired.recv_timeout(PATIENCE).expect("an overdue task never fired");
+        fired
+            .recv_timeout(PATIENCE)
+            .expect("an overdue task never fired");
         arrivals.push(t0.elapsed());
     }
     // At 1 000/s the k-th overdue task waits k ms: by time k ms at most k have fired.
