@@ -37,6 +37,7 @@ smoke:
 	$(CARGO) test --all-features --benches
 	$(CARGO) run --all-features --example wheel_load -- --smoke --json
 	$(CARGO) run --all-features --example gateway -- --smoke --json
+	$(CARGO) run --all-features --example persist_report -- --smoke --json
 
 bench:
 	$(CARGO) bench --bench wheel

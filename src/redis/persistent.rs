@@ -182,6 +182,10 @@ struct Journal {
     /// Completed snapshots, and the size of the last one.
     snapshots: u64,
     snapshot_len: usize,
+    /// Someone waits for a round (`flush`, WriteThrough, `snapshot`): the flusher starts one
+    /// now instead of sleeping. A flag, not just the condvar, so a kick made while the flusher
+    /// is busy is not lost.
+    kicked: bool,
 }
 
 impl Journal {
@@ -408,8 +412,11 @@ impl<S: TaskStore> Persistent<S> {
 
     fn wait_flushed(&self, round: u64) {
         let mut journal = self.inner.journal.lock();
+        journal.kicked = true;
         self.inner.kick.notify_one();
         while journal.flushed < round && !self.inner.stopping.load(SeqCst) {
+            journal.kicked = true;
+            self.inner.kick.notify_one();
             self.inner
                 .flushed
                 .wait_for(&mut journal, Duration::from_millis(100));
@@ -543,8 +550,10 @@ impl<S: TaskStore> Persistent<S> {
         let mut journal = self.inner.journal.lock();
         // The round in progress may have started before the last change: wait for the next.
         let target = journal.flushed + 2;
+        journal.kicked = true;
         self.inner.kick.notify_one();
         while journal.flushed < target {
+            journal.kicked = true;
             self.inner.kick.notify_one();
             if self
                 .inner
@@ -568,6 +577,7 @@ impl<S: TaskStore> Persistent<S> {
         let mut journal = self.inner.journal.lock();
         journal.snapshot_wanted = true;
         let target = journal.snapshots + 1;
+        journal.kicked = true;
         self.inner.kick.notify_one();
         while journal.snapshots < target {
             if self.inner.stopping.load(SeqCst)
@@ -685,6 +695,76 @@ fn take_round(inner: &Inner) -> Round {
     Round::Journal(ops.into_values().collect(), journal.oldest.take())
 }
 
+/// Batches in flight at once. The multiplexed connection pipelines them, so building one batch
+/// overlaps Redis applying the ones before it. The ids of one round are distinct, so the
+/// order in which batches land does not matter.
+const IN_FLIGHT: usize = 4;
+
+/// Writes `ops` in batches of `batch`, up to [`IN_FLIGHT`] at a time. Returns the operations
+/// that were not written (from the first failure on), the error, and whether a batch was
+/// lost (its write panicked).
+fn write_batches<S: TaskStore>(
+    store: &S,
+    rt: &tokio::runtime::Runtime,
+    ops: Vec<Op>,
+    batch: usize,
+) -> (Vec<Op>, Option<StoreError>, bool) {
+    rt.block_on(async {
+        let mut in_flight = tokio::task::JoinSet::new();
+        let (mut failed, mut error, mut lost) = (Vec::new(), None, false);
+        let mut ops = ops.into_iter();
+        loop {
+            let chunk: Vec<Op> = ops.by_ref().take(batch).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            if error.is_some() {
+                failed.extend(chunk);
+                continue;
+            }
+            while in_flight.len() >= IN_FLIGHT {
+                let done = in_flight.join_next().await;
+                settle(done, &mut failed, &mut error, &mut lost);
+            }
+            let store = store.clone();
+            in_flight.spawn(async move {
+                let result = store.apply(&chunk).await;
+                (result, chunk)
+            });
+        }
+        while let Some(done) = in_flight.join_next().await {
+            settle(Some(done), &mut failed, &mut error, &mut lost);
+        }
+        (failed, error, lost)
+    })
+}
+
+type BatchDone = Result<(Result<(), StoreError>, Vec<Op>), tokio::task::JoinError>;
+
+/// Books a finished batch: a failed one goes back to `failed`.
+fn settle(
+    done: Option<BatchDone>,
+    failed: &mut Vec<Op>,
+    error: &mut Option<StoreError>,
+    lost: &mut bool,
+) {
+    match done {
+        Some(Ok((Ok(()), _))) | None => {}
+        Some(Ok((Err(e), chunk))) => {
+            error.get_or_insert(e);
+            failed.extend(chunk);
+        }
+        Some(Err(join)) => {
+            // The store's future panicked and took its batch with it. Report it as a failure
+            // whose operations are gone: the caller then asks for a snapshot, which rewrites
+            // the whole pending set, so nothing stays lost.
+            tracing::error!(error = %join, "a store write panicked; a snapshot will repair it");
+            error.get_or_insert(StoreError::new(format!("store write panicked: {join}")));
+            *lost = true;
+        }
+    }
+}
+
 /// The flusher: every interval, write the journal in batches (or a snapshot when one is asked
 /// for); on failure, put the changes back (newer ones win) and back off.
 fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runtime) {
@@ -694,21 +774,13 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
         let stopping = inner.stopping.load(SeqCst);
         let (result, written) = match take_round(inner) {
             Round::Journal(ops, oldest) => {
-                let mut failed: Vec<Op> = Vec::new();
-                let mut error = None;
-                for chunk in ops.chunks(inner.cfg.batch.max(1)) {
-                    if !failed.is_empty() {
-                        failed.extend_from_slice(chunk);
-                        continue;
-                    }
-                    if let Err(e) = rt.block_on(store.apply(chunk)) {
-                        error = Some(e);
-                        failed.extend_from_slice(chunk);
-                    }
-                }
+                let total = ops.len();
+                let (failed, error, lost) = write_batches(store, rt, ops, inner.cfg.batch.max(1));
                 metrics::counter!("delaywheel_flushed_ops_total")
-                    .increment((ops.len() - failed.len()) as u64);
-                if !failed.is_empty() {
+                    .increment((total - failed.len()) as u64);
+                if lost {
+                    inner.journal.lock().snapshot_wanted = true;
+                } else if !failed.is_empty() {
                     let mut journal = inner.journal.lock();
                     // Changes made while this batch was out are newer: they win. After a
                     // snapshot was asked for, the snapshot covers these too.
@@ -773,8 +845,9 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
             break;
         }
         let mut journal = inner.journal.lock();
-        if !inner.stopping.load(SeqCst) {
+        if !inner.stopping.load(SeqCst) && (!journal.kicked || down_since.is_some()) {
             inner.kick.wait_for(&mut journal, backoff);
         }
+        journal.kicked = false;
     }
 }

@@ -15,14 +15,29 @@ const INSTALL: &str = "redis-server was not found on PATH. Install it (Debian/Ub
 pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
+    durable: bool,
 }
 
 #[allow(dead_code)]
 impl RedisServer {
     /// Starts a server, panicking with install instructions when `redis-server` is missing.
     pub fn start() -> RedisServer {
+        Self::start_with(true)
+    }
+
+    /// Starts a server that keeps nothing on disk (no append-only file), as a cache or a
+    /// benchmark wants: fsync costs are then not measured.
+    pub fn start_in_memory() -> RedisServer {
+        Self::start_with(false)
+    }
+
+    fn start_with(durable: bool) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut server = RedisServer { dir, child: None };
+        let mut server = RedisServer {
+            dir,
+            child: None,
+            durable,
+        };
         server.spawn();
         server
     }
@@ -49,14 +64,8 @@ impl RedisServer {
             .arg(&socket)
             .args(["--unixsocketperm", "700", "--dir"])
             .arg(self.dir.path())
-            .args([
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
+            .args(["--appendonly", if self.durable { "yes" } else { "no" }])
+            .args(["--appendfsync", "always", "--save", ""])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
