@@ -8,6 +8,9 @@ pub struct KeyLayout {
     due: String,
     tasks: String,
     dead: String,
+    lease: String,
+    owner: String,
+    fence: String,
     ns: String,
 }
 
@@ -38,6 +41,9 @@ impl KeyLayout {
             due: format!("{{{ns}}}:due"),
             tasks: format!("{{{ns}}}:tasks"),
             dead: format!("{{{ns}}}:dead"),
+            lease: format!("{{{ns}}}:lease"),
+            owner: format!("{{{ns}}}:owner"),
+            fence: format!("{{{ns}}}:fence"),
             ns: ns.to_string(),
         })
     }
@@ -55,6 +61,26 @@ impl KeyLayout {
     /// The HASH of dead-lettered entries.
     pub fn dead(&self) -> &str {
         &self.dead
+    }
+
+    /// The queue's ZSET of claimed tasks: id → lease deadline (ms).
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+
+    /// The queue's HASH of claim owners: id → `consumer|token`.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The queue's counter of claim (fencing) tokens.
+    pub fn fence(&self) -> &str {
+        &self.fence
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.ns
     }
 
     /// The prefix of processed-id markers ([`Dedup`](super::Dedup)): `{ns}:done:`.

@@ -19,18 +19,25 @@
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.
 
+mod consumer;
 mod dedup;
 mod envelope;
 mod layout;
 mod persistent;
+mod queue;
+mod scripts;
 mod store;
 mod task_store;
 
+pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dedup::{Begin, Dedup, DedupError};
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS};
 pub use layout::{KeyLayout, NamespaceError};
 pub use persistent::{
     now_ms, Durability, Overdue, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
+};
+pub use queue::{
+    shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy, When,
 };
 pub use store::{Broken, BrokenReason, Op, Page, RedisStore, StoreError};
 pub use task_store::TaskStore;

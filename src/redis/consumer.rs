@@ -1,0 +1,798 @@
+//! The consumer of the shared delay queue: it claims the tasks due within the lookahead
+//! window, holds them in its own timing wheel, and fires each at its due millisecond.
+//!
+//! # Ground rules
+//!
+//! * Redis is the source of truth. A claimed task is leased to this consumer under a fencing
+//!   token; every later change (ack, retry, dead-letter, give back) is refused by Redis once
+//!   the lease was taken over, so a consumer that stalled past its lease cannot clobber the
+//!   new owner.
+//! * `held` maps each claimed, unfired task to its timer. Whoever removes an entry owns the
+//!   task's fate: the firing callback (runs the handler) or `shutdown` (hands it back).
+//! * Handlers run on the wheel's callback pool, never on the async runtime; their outcomes go
+//!   to the resolver task, which batches acks.
+//! * Delivery is at-least-once: a crash or an expired lease can fire a task twice. Handlers
+//!   are idempotent (see [`Dedup`](super::Dedup)).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+
+use super::envelope::Envelope;
+use super::layout::KeyLayout;
+use super::persistent::now_ms;
+use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
+use super::scripts;
+use crate::{Timer, TimerId};
+
+/// What a handler returns on failure; the message becomes the dead-letter reason.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+type Handler = Arc<dyn Fn(&Envelope) -> Result<(), HandlerError> + Send + Sync>;
+
+/// The handlers of a consumer, by topic.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    map: HashMap<String, Handler>,
+}
+
+impl fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.map.keys()).finish()
+    }
+}
+
+impl Handlers {
+    /// No handlers yet.
+    pub fn new() -> Handlers {
+        Handlers::default()
+    }
+
+    /// Runs `handler` for tasks of `topic` (replacing an earlier one for the same topic). It
+    /// runs on a handler thread; an `Err` or a panic is a failed attempt.
+    pub fn on<F>(mut self, topic: impl Into<String>, handler: F) -> Handlers
+    where
+        F: Fn(&Envelope) -> Result<(), HandlerError> + Send + Sync + 'static,
+    {
+        self.map.insert(topic.into(), Arc::new(handler));
+        self
+    }
+}
+
+/// Counters and lateness of one consumer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueStats {
+    /// Claim commands sent.
+    pub claims: u64,
+    /// Tasks claimed.
+    pub claimed: u64,
+    /// Tasks whose handler ran.
+    pub fired: u64,
+    /// Acks Redis accepted.
+    pub acked: u64,
+    /// Acks (and retries, dead-letterings) Redis refused: the lease had been taken over.
+    pub refused: u64,
+    /// Failed attempts put back for a retry.
+    pub retried: u64,
+    /// Tasks this consumer dead-lettered.
+    pub dead_lettered: u64,
+    /// Expired leases this consumer's reaper returned to the queue.
+    pub recovered: u64,
+    /// Claimed tasks handed back at shutdown.
+    pub given_back: u64,
+    /// Redis commands sent (scripts count one each, pipelines one per command).
+    pub commands: u64,
+    /// Handler start − due time, in µs: median, 99th percentile and maximum.
+    pub lateness_p50_us: u64,
+    /// See `lateness_p50_us`.
+    pub lateness_p99_us: u64,
+    /// See `lateness_p50_us`.
+    pub lateness_max_us: u64,
+}
+
+/// A claimed, unfired task: its timer, its owner value (`consumer|token`) and due time.
+type Held = (TimerId, Arc<str>, u64);
+
+/// A claimed task in the wheel.
+struct Claimed {
+    shard: u32,
+    owner: Arc<str>,
+    envelope: Envelope,
+}
+
+/// What became of a fired task, for the resolver to write.
+enum Outcome {
+    Ack {
+        shard: u32,
+        id: String,
+        owner: Arc<str>,
+    },
+    Retry {
+        shard: u32,
+        id: String,
+        owner: Arc<str>,
+        envelope: Vec<u8>,
+        due: u64,
+    },
+    Dead {
+        shard: u32,
+        id: String,
+        owner: Arc<str>,
+        record: String,
+    },
+}
+
+#[derive(Default)]
+struct Counters {
+    claims: AtomicU64,
+    claimed: AtomicU64,
+    fired: AtomicU64,
+    acked: AtomicU64,
+    refused: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+    recovered: AtomicU64,
+    given_back: AtomicU64,
+}
+
+struct Shared {
+    cfg: QueueConfig,
+    id: String,
+    shards: Vec<KeyLayout>,
+    claim_from: Vec<u32>,
+    conn: Conn,
+    handlers: Handlers,
+    held: Mutex<HashMap<(u32, String), Held>>,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    counters: Counters,
+    lateness: Mutex<Histogram<u64>>,
+    /// Set by `abort`: fired tasks are dropped as a crashed process would drop them.
+    aborted: AtomicBool,
+}
+
+/// A consumer of the shared queue. Start several, in one process or many; each task fires on
+/// exactly one of them while all live.
+pub struct Consumer {
+    shared: Arc<Shared>,
+    timer: Timer<Claimed>,
+    rt: Option<tokio::runtime::Runtime>,
+    stop: watch::Sender<bool>,
+    loops: Vec<tokio::task::JoinHandle<()>>,
+    resolver: Option<tokio::task::JoinHandle<()>>,
+    finish: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("id", &self.shared.id)
+            .field("namespace", &self.shared.cfg.namespace)
+            .field("held", &self.shared.held.lock().len())
+            .finish()
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl Consumer {
+    /// Connects, subscribes to wake-ups and starts claiming. Errors: a bad setting or
+    /// namespace, an unreachable Redis, no threads.
+    pub fn start(cfg: QueueConfig, handlers: Handlers) -> Result<Consumer, QueueError> {
+        let shards = cfg.check()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("delaywheel-queue")
+            .enable_all()
+            .build()
+            .map_err(|e| QueueError::Spawn(e.to_string()))?;
+        let conn = rt.block_on(Conn::open(&cfg.url))?;
+        let id = cfg.consumer_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+            format!(
+                "{}-{}-{:08x}",
+                host.trim(),
+                std::process::id(),
+                fastrand::u32(..)
+            )
+        });
+        let claim_from = cfg
+            .assigned_shards
+            .clone()
+            .unwrap_or_else(|| (0..cfg.shards).collect());
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            id,
+            shards,
+            claim_from,
+            conn,
+            handlers,
+            held: Mutex::new(HashMap::new()),
+            outcomes: out_tx,
+            counters: Counters::default(),
+            lateness: Mutex::new(
+                Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                    .map_err(|e| QueueError::Spawn(e.to_string()))?,
+            ),
+            aborted: AtomicBool::new(false),
+            cfg,
+        });
+        let timer = {
+            let shared = shared.clone();
+            Timer::builder()
+                .shards(1)
+                .build_callback(shared.cfg.handler_threads, 65_536, move |e| {
+                    fire(&shared, e.value)
+                })
+                .map_err(|e| QueueError::Spawn(e.to_string()))?
+        };
+        let (stop, stop_rx) = watch::channel(false);
+        let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+        let loops = vec![
+            rt.spawn(claim_loop(
+                shared.clone(),
+                timer.clone(),
+                wake_rx,
+                stop_rx.clone(),
+            )),
+            rt.spawn(listen(shared.clone(), wake_tx, stop_rx.clone())),
+            rt.spawn(reap_loop(shared.clone(), stop_rx.clone())),
+        ];
+        let (finish, finish_rx) = tokio::sync::oneshot::channel();
+        let resolver = rt.spawn(resolve(shared.clone(), out_rx, finish_rx));
+        tracing::debug!(consumer = %shared.id, "queue consumer started");
+        Ok(Consumer {
+            shared,
+            timer,
+            rt: Some(rt),
+            stop,
+            loops,
+            resolver: Some(resolver),
+            finish: Some(finish),
+        })
+    }
+
+    /// This consumer's name in leases.
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// Claimed tasks waiting in the wheel.
+    pub fn held(&self) -> usize {
+        self.shared.held.lock().len()
+    }
+
+    /// A snapshot of the counters and the lateness percentiles.
+    pub fn stats(&self) -> QueueStats {
+        let c = &self.shared.counters;
+        let h = self.shared.lateness.lock();
+        QueueStats {
+            claims: c.claims.load(Relaxed),
+            claimed: c.claimed.load(Relaxed),
+            fired: c.fired.load(Relaxed),
+            acked: c.acked.load(Relaxed),
+            refused: c.refused.load(Relaxed),
+            retried: c.retried.load(Relaxed),
+            dead_lettered: c.dead_lettered.load(Relaxed),
+            recovered: c.recovered.load(Relaxed),
+            given_back: c.given_back.load(Relaxed),
+            commands: self.shared.conn.commands.load(Relaxed),
+            lateness_p50_us: h.value_at_quantile(0.5),
+            lateness_p99_us: h.value_at_quantile(0.99),
+            lateness_max_us: h.max(),
+        }
+    }
+
+    /// Stops claiming, hands every claimed task that has not fired back to the queue at once
+    /// (another consumer fires it at its due time, without waiting for the lease), lets
+    /// running handlers finish for up to `timeout`, sends their acks, and stops. Returns how
+    /// many tasks were handed back; `Err` if Redis could not take them back (their leases
+    /// expire and the reaper returns them instead).
+    pub fn shutdown(mut self, timeout: Duration) -> Result<usize, QueueError> {
+        let _ = self.stop.send(true);
+        let rt = self.rt.take().expect("the runtime lives until shutdown");
+        for l in self.loops.drain(..) {
+            let _ = rt.block_on(l);
+        }
+        // Take every unfired task out of the wheel; what is left in `held` fired meanwhile.
+        let mut back: HashMap<u32, Vec<(String, Arc<str>, u64)>> = HashMap::new();
+        {
+            let mut held = self.shared.held.lock();
+            for ((shard, id), (timer, owner, due)) in held.drain() {
+                if self.timer.cancel(timer).is_some() {
+                    back.entry(shard).or_default().push((id, owner, due));
+                }
+            }
+        }
+        let mut given = 0usize;
+        let mut failure = None;
+        for (shard, tasks) in back {
+            let keys = &self.shared.shards[shard as usize];
+            for chunk in tasks.chunks(500) {
+                let mut inv = scripts::GIVE_BACK.prepare_invoke();
+                inv.key(keys.lease()).key(keys.owner()).key(keys.due());
+                for (id, owner, due) in chunk {
+                    inv.arg(id.as_str()).arg(&**owner).arg(*due);
+                }
+                match rt.block_on(self.shared.conn.run::<u64>(&inv)) {
+                    Ok(n) => given += n as usize,
+                    Err(e) => failure = Some(e),
+                }
+            }
+        }
+        self.shared.counters.given_back.store(given as u64, Relaxed);
+        // Running (and queued) handlers finish within the timeout.
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let timer = self.timer.clone();
+        std::thread::spawn(move || {
+            drop(timer.shutdown());
+            let _ = done_tx.send(());
+        });
+        if done_rx.recv_timeout(timeout).is_err() {
+            tracing::warn!(consumer = %self.shared.id, ?timeout, "handlers still running at shutdown; their tasks' leases will expire");
+        }
+        if let Some(f) = self.finish.take() {
+            let _ = f.send(());
+        }
+        if let Some(r) = self.resolver.take() {
+            let _ = rt.block_on(async { tokio::time::timeout(timeout, r).await });
+        }
+        rt.shutdown_timeout(Duration::from_millis(100));
+        tracing::debug!(consumer = %self.shared.id, given_back = given, "queue consumer stopped");
+        match failure {
+            None => Ok(given),
+            Some(e) => Err(QueueError::Store(e.into())),
+        }
+    }
+
+    /// Stops at once, as a crash would: no hand-back, no pending acks sent, fired tasks not
+    /// run. Other consumers' reapers return its claimed tasks once their leases expire.
+    pub fn abort(mut self) {
+        self.shared.aborted.store(true, SeqCst);
+        let _ = self.stop.send(true);
+        drop(self.timer.shutdown());
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            // Dropped without `shutdown`: stop without handing back (leases expire).
+            let _ = self.stop.send(true);
+            drop(self.timer.shutdown());
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Runs on a handler thread when a claimed task's timer fires.
+fn fire(shared: &Shared, c: Claimed) {
+    if shared.aborted.load(SeqCst)
+        || shared
+            .held
+            .lock()
+            .remove(&(c.shard, c.envelope.id.clone()))
+            .is_none()
+    {
+        return; // handed back at shutdown, or the process is "crashing"
+    }
+    let late_us = now_us().saturating_sub(c.envelope.due_at.saturating_mul(1_000));
+    let _ = shared.lateness.lock().record(late_us.max(1));
+    metrics::histogram!("delaywheel_queue_lateness_seconds").record(late_us as f64 / 1e6);
+    shared.counters.fired.fetch_add(1, Relaxed);
+    let result = match shared.handlers.map.get(&c.envelope.topic) {
+        Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h(&c.envelope)))
+            .unwrap_or_else(|_| Err("handler panicked".into())),
+        None => Err(format!("unknown topic: {}", c.envelope.topic).into()),
+    };
+    let Claimed {
+        shard,
+        owner,
+        mut envelope,
+    } = c;
+    let outcome = match result {
+        Ok(()) => Outcome::Ack {
+            shard,
+            id: envelope.id,
+            owner,
+        },
+        Err(e) => {
+            envelope.attempt += 1;
+            let reason = e.to_string();
+            let retry = &shared.cfg.retry;
+            if envelope.attempt >= retry.max_attempts {
+                tracing::warn!(id = %envelope.id, attempt = envelope.attempt, %reason, "task dead-lettered");
+                let raw = serde_json::to_string(&envelope).unwrap_or_default();
+                Outcome::Dead {
+                    shard,
+                    record: dead_record(&reason, &raw, envelope.attempt),
+                    id: envelope.id,
+                    owner,
+                }
+            } else {
+                let wait = retry.backoff.delay(envelope.attempt);
+                // Rounded up, so the retry never comes before its backoff.
+                envelope.due_at = (now_us() + wait.as_micros() as u64).div_ceil(1_000);
+                tracing::debug!(id = %envelope.id, attempt = envelope.attempt, ?wait, %reason, "task failed; retrying");
+                Outcome::Retry {
+                    shard,
+                    due: envelope.due_at,
+                    envelope: serde_json::to_vec(&envelope).unwrap_or_default(),
+                    id: envelope.id,
+                    owner,
+                }
+            }
+        }
+    };
+    let _ = shared.outcomes.send(outcome);
+}
+
+/// Claims from every assigned shard: at start, every `reconcile`, when notified of a task due
+/// before the next claim, and again at once while claims come back full.
+async fn claim_loop(
+    shared: Arc<Shared>,
+    timer: Timer<Claimed>,
+    mut wake: mpsc::UnboundedReceiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let cfg = &shared.cfg;
+    let mut next = tokio::time::Instant::now();
+    let mut failures = 0u32;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            Some(due) = wake.recv() => {
+                // Claim `claim_margin` before the notified task is due, unless a claim comes
+                // sooner anyway.
+                let at_ms = due.saturating_sub(cfg.claim_margin.as_millis() as u64);
+                let wait = Duration::from_millis(at_ms.saturating_sub(now_ms()));
+                next = next.min(tokio::time::Instant::now() + wait);
+                continue;
+            }
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let mut full = false;
+        let mut failed = false;
+        for &shard in &shared.claim_from {
+            match claim(&shared, &timer, shard).await {
+                Ok(n) => full |= n == cfg.batch,
+                Err(e) => {
+                    if failures == 0 {
+                        tracing::warn!(error = %e, "claim failed; retrying with backoff");
+                    }
+                    failed = true;
+                }
+            }
+        }
+        failures = if failed { failures + 1 } else { 0 };
+        let pause = if failed {
+            (cfg.claim_margin * 2u32.saturating_pow(failures.min(6))).min(cfg.reconcile)
+        } else if full && shared.held.lock().len() < cfg.max_held {
+            Duration::ZERO
+        } else {
+            cfg.reconcile
+        };
+        next = tokio::time::Instant::now() + pause;
+    }
+}
+
+/// One claim on `shard`; puts the tasks in the wheel. Returns how many it took.
+async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<usize, QueueError> {
+    let cfg = &shared.cfg;
+    let room = cfg.max_held.saturating_sub(shared.held.lock().len());
+    if room == 0 {
+        return Ok(0);
+    }
+    let keys = &shared.shards[shard as usize];
+    let now = now_ms();
+    let mut inv = scripts::CLAIM.prepare_invoke();
+    inv.key(keys.due())
+        .key(keys.tasks())
+        .key(keys.lease())
+        .key(keys.owner())
+        .key(keys.fence())
+        .arg(now + cfg.lookahead.as_millis() as u64)
+        .arg(cfg.batch.min(room))
+        .arg(shared.id.as_str())
+        .arg(cfg.lease.as_millis() as u64)
+        .arg(now);
+    let reply: Vec<Vec<u8>> = shared.conn.run(&inv).await?;
+    shared.counters.claims.fetch_add(1, Relaxed);
+    let Some((token, rest)) = reply.split_first() else {
+        metrics::histogram!("delaywheel_queue_claim_batch").record(0.0);
+        return Ok(0);
+    };
+    let owner: Arc<str> = format!("{}|{}", shared.id, String::from_utf8_lossy(token)).into();
+    let n = rest.len() / 3;
+    metrics::histogram!("delaywheel_queue_claim_batch").record(n as f64);
+    shared.counters.claimed.fetch_add(n as u64, Relaxed);
+    for t in rest.chunks_exact(3) {
+        let id = String::from_utf8_lossy(&t[0]).into_owned();
+        let due: u64 = std::str::from_utf8(&t[1])
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .map_or(now, |f| f as u64);
+        let envelope = match Envelope::decode(&t[2]) {
+            Ok(mut e) if e.id == id => {
+                e.due_at = due; // the score is authoritative
+                e
+            }
+            Ok(_) | Err(_) => {
+                let reason = if t[2].is_empty() {
+                    "no envelope in the tasks hash".to_string()
+                } else {
+                    match Envelope::decode(&t[2]) {
+                        Ok(e) => format!("envelope id {} does not match its key", e.id),
+                        Err(e) => format!("undecodable envelope: {e}"),
+                    }
+                };
+                tracing::warn!(%id, %reason, "claimed task dead-lettered");
+                let raw = String::from_utf8_lossy(&t[2]).into_owned();
+                let _ = shared.outcomes.send(Outcome::Dead {
+                    shard,
+                    record: dead_record(&reason, &raw, 0),
+                    id,
+                    owner: owner.clone(),
+                });
+                continue;
+            }
+        };
+        let delay = Duration::from_micros((due * 1_000).saturating_sub(now_us()));
+        let mut held = shared.held.lock();
+        let claimed = Claimed {
+            shard,
+            owner: owner.clone(),
+            envelope,
+        };
+        match timer.schedule(claimed, delay) {
+            Ok(t) => {
+                held.insert((shard, id), (t, owner.clone(), due));
+            }
+            Err(_) => return Ok(n), // shutting down: the lease brings it back
+        }
+    }
+    Ok(n)
+}
+
+/// Subscribes to the queue's wake-ups and forwards each due time to the claim loop;
+/// resubscribes after a lost connection (meanwhile the reconcile claims cover).
+async fn listen(
+    shared: Arc<Shared>,
+    wake: mpsc::UnboundedSender<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    use futures_util::StreamExt;
+    let channel = shared.cfg.channel();
+    loop {
+        let subscribed = async {
+            let client = redis::Client::open(shared.cfg.url.as_str())?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let pubsub = tokio::select! {
+            r = subscribed => r,
+            _ = stop.changed() => return,
+        };
+        match pubsub {
+            Ok(pubsub) => {
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    tokio::select! {
+                        m = messages.next() => match m {
+                            Some(m) => {
+                                if let Ok(due) = m.get_payload::<u64>() {
+                                    let _ = wake.send(due);
+                                }
+                            }
+                            None => break,
+                        },
+                        _ = stop.changed() => return,
+                    }
+                }
+                tracing::warn!("wake-up subscription lost; resubscribing");
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot subscribe to wake-ups; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Returns expired leases to the queue and samples the queue's depth, every
+/// `reaper_interval`.
+async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(shared.cfg.reaper_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        for &shard in &shared.claim_from {
+            let keys = &shared.shards[shard as usize];
+            let mut inv = scripts::REAP.prepare_invoke();
+            inv.key(keys.lease())
+                .key(keys.owner())
+                .key(keys.due())
+                .arg(now_ms())
+                .arg(1_000);
+            match shared.conn.run::<u64>(&inv).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(shard, recovered = n, "expired leases returned to the queue");
+                    shared.counters.recovered.fetch_add(n, Relaxed);
+                    metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
+                }
+                Err(e) => tracing::debug!(error = %e, "reaper: redis unavailable"),
+            }
+            if let Ok(d) = sample_depth(&shared.conn, keys).await {
+                let shard = shard.to_string();
+                metrics::gauge!("delaywheel_queue_depth", "shard" => shard.clone())
+                    .set(d.queued as f64);
+                metrics::gauge!("delaywheel_queue_leased", "shard" => shard.clone())
+                    .set(d.leased as f64);
+                metrics::gauge!("delaywheel_queue_dead", "shard" => shard).set(d.dead as f64);
+            }
+        }
+    }
+}
+
+/// Writes the outcomes of fired tasks: acks in batches every `ack_interval` (or 256 at
+/// once), retries and dead-letterings as they come. On a Redis error the batch is kept and
+/// retried; the lease keeps the tasks safe meanwhile. `finish` (shutdown, once the handlers are
+/// done) drains what is left and returns.
+async fn resolve(
+    shared: Arc<Shared>,
+    mut outcomes: mpsc::UnboundedReceiver<Outcome>,
+    mut finish: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut acks: HashMap<u32, Vec<(String, Arc<str>)>> = HashMap::new();
+    let mut pending = 0usize;
+    let mut finishing = false;
+    let mut tick = tokio::time::interval(shared.cfg.ack_interval.max(Duration::from_millis(1)));
+    loop {
+        let mut incoming = Vec::new();
+        let mut flush_now = finishing;
+        tokio::select! {
+            Some(o) = outcomes.recv() => incoming.push(o),
+            _ = tick.tick() => flush_now = true,
+            _ = &mut finish, if !finishing => {
+                flush_now = true;
+                finishing = true;
+                while let Ok(o) = outcomes.try_recv() {
+                    incoming.push(o);
+                }
+            }
+        }
+        for o in incoming {
+            match o {
+                Outcome::Ack { shard, id, owner } => {
+                    acks.entry(shard).or_default().push((id, owner));
+                    pending += 1;
+                }
+                other => write_outcome(&shared, other).await,
+            }
+        }
+        if pending == 0 || (pending < 256 && !flush_now) {
+            if finishing && pending == 0 {
+                return;
+            }
+            continue;
+        }
+        for (shard, batch) in &mut acks {
+            if batch.is_empty() {
+                continue;
+            }
+            let keys = &shared.shards[*shard as usize];
+            let mut inv = scripts::ACK.prepare_invoke();
+            inv.key(keys.lease()).key(keys.owner()).key(keys.tasks());
+            for (id, owner) in batch.iter() {
+                inv.arg(id.as_str()).arg(&**owner);
+            }
+            match shared.conn.run::<Vec<u8>>(&inv).await {
+                Ok(results) => {
+                    for ((id, _), ok) in batch.iter().zip(&results) {
+                        if *ok == 1 {
+                            shared.counters.acked.fetch_add(1, Relaxed);
+                        } else {
+                            shared.counters.refused.fetch_add(1, Relaxed);
+                            metrics::counter!("delaywheel_queue_acks_refused_total").increment(1);
+                            tracing::warn!(%id, "ack refused: the lease was taken over");
+                        }
+                    }
+                    pending -= batch.len();
+                    batch.clear();
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "ack failed; kept for the next round");
+                    if finishing {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+        if finishing && pending == 0 {
+            return;
+        }
+    }
+}
+
+async fn write_outcome(shared: &Shared, o: Outcome) {
+    let (script, shard, id, owner, ok_counter) = match &o {
+        Outcome::Retry {
+            shard, id, owner, ..
+        } => (
+            &*scripts::RETRY,
+            *shard,
+            id,
+            owner,
+            &shared.counters.retried,
+        ),
+        Outcome::Dead {
+            shard, id, owner, ..
+        } => (
+            &*scripts::DEAD,
+            *shard,
+            id,
+            owner,
+            &shared.counters.dead_lettered,
+        ),
+        Outcome::Ack { .. } => return,
+    };
+    let keys = &shared.shards[shard as usize];
+    let mut inv = script.prepare_invoke();
+    inv.key(keys.lease()).key(keys.owner()).key(keys.tasks());
+    match &o {
+        Outcome::Retry { envelope, due, .. } => {
+            inv.key(keys.due())
+                .arg(id.as_str())
+                .arg(&**owner)
+                .arg(envelope.as_slice())
+                .arg(*due);
+        }
+        Outcome::Dead { record, .. } => {
+            inv.key(keys.dead())
+                .arg(id.as_str())
+                .arg(&**owner)
+                .arg(record.as_str());
+        }
+        Outcome::Ack { .. } => return,
+    }
+    // A few tries: these are rare, and the lease covers a failure (the task then fires again).
+    for attempt in 0..5u32 {
+        match shared.conn.run::<i64>(&inv).await {
+            Ok(1) => {
+                ok_counter.fetch_add(1, Relaxed);
+                return;
+            }
+            Ok(_) => {
+                shared.counters.refused.fetch_add(1, Relaxed);
+                tracing::warn!(%id, "refused: the lease was taken over");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, %id, "writing a retry or dead-letter failed");
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+        }
+    }
+}

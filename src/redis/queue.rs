@@ -1,0 +1,526 @@
+//! The shared delay queue: its settings, its shards, and the producer side (enqueue, cancel,
+//! the dead-letter store). The consumer side is in [`consumer`](super::Consumer).
+//!
+//! A logical queue is split over `shards` key sets, each with its own hash tag
+//! (`{ns}` for one shard, `{ns:0}`, `{ns:1}`, ... for more), chosen by a hash of the task id,
+//! so on a Redis Cluster the backlog and the claim load spread over nodes.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::envelope::{Envelope, EnvelopeError};
+use super::layout::{KeyLayout, NamespaceError};
+use super::persistent::now_ms;
+use super::scripts;
+use super::store::StoreError;
+
+/// How long to wait before the next attempt of a failed task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Backoff {
+    /// `attempt² × unit` after the `attempt`-th failure: 1 s, 4 s, 9 s, 16 s with the default
+    /// unit of 1 s (design note 000).
+    Quadratic {
+        /// The unit (1 s in design note 000).
+        unit: Duration,
+    },
+    /// `base × 2^(attempt − 1)`, at most `max`, then a random "equal jitter" in `[d/2, d]` so
+    /// that failures of many tasks at once do not retry in lockstep.
+    Exponential {
+        /// The first delay.
+        base: Duration,
+        /// The largest delay.
+        max: Duration,
+    },
+}
+
+impl Backoff {
+    /// The wait after the `attempt`-th failed delivery (1-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let attempt = attempt.max(1);
+        match *self {
+            Backoff::Quadratic { unit } => unit.saturating_mul(attempt.saturating_mul(attempt)),
+            Backoff::Exponential { base, max } => {
+                let d = base
+                    .saturating_mul(1u32.checked_shl(attempt - 1).unwrap_or(u32::MAX))
+                    .min(max);
+                let half = d / 2;
+                half + Duration::from_nanos(fastrand::u64(0..=(d - half).as_nanos() as u64))
+            }
+        }
+    }
+}
+
+/// Retries of a failed task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Deliveries in all, the first included (default 5). After the last one fails, the task
+    /// goes to the dead-letter store.
+    pub max_attempts: u32,
+    /// The wait between attempts (default: quadratic, 1 s unit).
+    pub backoff: Backoff,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            backoff: Backoff::Quadratic {
+                unit: Duration::from_secs(1),
+            },
+        }
+    }
+}
+
+/// Settings of a queue, shared by its producers and consumers.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// Redis URL (`redis://user:password@host/db`, `rediss://...`, `redis+unix:///path`).
+    pub url: String,
+    /// The queue's name; its keys are `{ns}:due`, `{ns}:tasks`, ... (one shard) or
+    /// `{ns:i}:...` (several).
+    pub namespace: String,
+    /// Shards of the logical queue (default 1). Producers and consumers must agree.
+    pub shards: u32,
+    /// The shards this consumer claims from (default: all).
+    pub assigned_shards: Option<Vec<u32>>,
+    /// A consumer claims the tasks due within this window ahead (default 2 s).
+    pub lookahead: Duration,
+    /// A consumer claims at least this often, notified or not (default 1 s): a lost
+    /// notification delays a task by at most this much.
+    pub reconcile: Duration,
+    /// A notified consumer claims this long before the task is due (default 20 ms).
+    pub claim_margin: Duration,
+    /// Tasks per claim (default 500).
+    pub batch: usize,
+    /// Claimed tasks a consumer holds at most (default 100 000); it claims less beyond that.
+    pub max_held: usize,
+    /// A claimed task's lease runs until `max(due, now) + lease` (default 30 s); past that the
+    /// reaper hands it to another consumer.
+    pub lease: Duration,
+    /// Acknowledgements are sent in batches at least this often (default 20 ms).
+    pub ack_interval: Duration,
+    /// How often each consumer reaps expired leases and samples the queue depth (default 1 s).
+    pub reaper_interval: Duration,
+    /// Retries of failed tasks.
+    pub retry: RetryPolicy,
+    /// Threads running handlers per consumer (default 4).
+    pub handler_threads: usize,
+    /// Whether producers PUBLISH a wake-up for tasks due before the next reconcile
+    /// (default true).
+    pub notify: bool,
+    /// The largest encoded envelope accepted (default 64 KiB).
+    pub max_envelope: usize,
+    /// A name for the consumer in leases and logs (default: host-pid-random).
+    pub consumer_id: Option<String>,
+}
+
+impl QueueConfig {
+    /// Defaults for `url` and `namespace`.
+    pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> QueueConfig {
+        QueueConfig {
+            url: url.into(),
+            namespace: namespace.into(),
+            shards: 1,
+            assigned_shards: None,
+            lookahead: Duration::from_secs(2),
+            reconcile: Duration::from_secs(1),
+            claim_margin: Duration::from_millis(20),
+            batch: 500,
+            max_held: 100_000,
+            lease: Duration::from_secs(30),
+            ack_interval: Duration::from_millis(20),
+            reaper_interval: Duration::from_secs(1),
+            retry: RetryPolicy::default(),
+            handler_threads: 4,
+            notify: true,
+            max_envelope: 64 * 1024,
+            consumer_id: None,
+        }
+    }
+
+    /// Checks the settings; the error names the first bad one.
+    pub(crate) fn check(&self) -> Result<Vec<KeyLayout>, QueueError> {
+        if self.shards == 0 {
+            return Err(QueueError::Config("shards must be at least 1"));
+        }
+        if self.batch == 0 || self.max_held == 0 || self.handler_threads == 0 {
+            return Err(QueueError::Config(
+                "batch, max_held and handler_threads must be at least 1",
+            ));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(QueueError::Config("retry.max_attempts must be at least 1"));
+        }
+        if self.reconcile.is_zero() || self.reaper_interval.is_zero() || self.lease.is_zero() {
+            return Err(QueueError::Config(
+                "reconcile, reaper_interval and lease must be positive",
+            ));
+        }
+        if let Some(a) = &self.assigned_shards {
+            if a.is_empty() || a.iter().any(|&s| s >= self.shards) {
+                return Err(QueueError::Config(
+                    "assigned_shards must be non-empty and below shards",
+                ));
+            }
+        }
+        (0..self.shards)
+            .map(|i| {
+                let ns = if self.shards == 1 {
+                    self.namespace.clone()
+                } else {
+                    format!("{}:{i}", self.namespace)
+                };
+                KeyLayout::new(&ns)
+                    .map_err(|_| QueueError::Namespace(NamespaceError(self.namespace.clone())))
+            })
+            .collect()
+    }
+
+    /// The pub/sub channel of wake-ups.
+    pub(crate) fn channel(&self) -> String {
+        format!("{{{}}}:wake", self.namespace)
+    }
+}
+
+/// The shard of task `id` among `shards`: FNV-1a of the id, so every process, in any
+/// language, agrees.
+pub fn shard_of(id: &str, shards: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(shards.max(1))) as u32
+}
+
+/// Errors of the queue. Those that refuse a task hand the envelope back.
+#[derive(Debug)]
+pub enum QueueError {
+    /// The namespace cannot be a hash tag.
+    Namespace(NamespaceError),
+    /// A setting is out of range.
+    Config(&'static str),
+    /// Redis refused or failed.
+    Store(StoreError),
+    /// The envelope breaks a limit (size, due time, empty id).
+    Envelope(EnvelopeError, Box<Envelope>),
+    /// A dead-lettered entry is not a task envelope, so it cannot be requeued.
+    NotAnEnvelope(String),
+    /// The consumer could not start its threads.
+    Spawn(String),
+}
+
+impl fmt::Display for QueueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueError::Namespace(e) => e.fmt(f),
+            QueueError::Config(e) => write!(f, "bad queue setting: {e}"),
+            QueueError::Store(e) => e.fmt(f),
+            QueueError::Envelope(e, _) => e.fmt(f),
+            QueueError::NotAnEnvelope(id) => {
+                write!(f, "dead-lettered entry {id} holds no task envelope")
+            }
+            QueueError::Spawn(e) => write!(f, "could not start the consumer: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for QueueError {}
+
+impl From<redis::RedisError> for QueueError {
+    fn from(e: redis::RedisError) -> Self {
+        QueueError::Store(e.into())
+    }
+}
+
+/// When a task runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// At this time, ms since the Unix epoch.
+    At(u64),
+    /// After this delay from now.
+    After(Duration),
+}
+
+impl When {
+    fn due_ms(self) -> u64 {
+        match self {
+            When::At(ms) => ms,
+            When::After(d) => now_ms().saturating_add(d.as_millis() as u64),
+        }
+    }
+}
+
+/// A dead-lettered task, as [`Producer::dead_letters`] lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadTask {
+    /// The task id.
+    pub id: String,
+    /// Why it died: the last handler error, `unknown topic: ...`, `undecodable envelope`, ...
+    pub reason: String,
+    /// When, ms since the Unix epoch.
+    pub at: u64,
+    /// Deliveries tried.
+    pub attempt: u32,
+    /// The stored envelope as found (possibly not valid JSON).
+    pub raw: String,
+}
+
+/// Redis connection shared by the producer and consumer sides, counting the commands it sends.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub(crate) conn: ConnectionManager,
+    pub(crate) commands: Arc<AtomicU64>,
+}
+
+impl Conn {
+    pub(crate) async fn open(url: &str) -> Result<Conn, QueueError> {
+        let client = redis::Client::open(url)?;
+        Ok(Conn {
+            conn: client.get_connection_manager().await?,
+            commands: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Runs a script invocation (one command on the wire; EVALSHA, with a reload after a
+    /// server restart dropped the script cache).
+    pub(crate) async fn run<T: redis::FromRedisValue>(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, redis::RedisError> {
+        self.commands.fetch_add(1, Relaxed);
+        metrics::counter!("delaywheel_queue_redis_commands_total").increment(1);
+        let mut conn = self.conn.clone();
+        inv.invoke_async(&mut conn).await
+    }
+}
+
+/// Enqueues and cancels tasks, and manages the dead-letter store. Cheap to clone.
+#[derive(Clone)]
+pub struct Producer {
+    cfg: Arc<QueueConfig>,
+    shards: Arc<Vec<KeyLayout>>,
+    conn: Conn,
+}
+
+impl fmt::Debug for Producer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Producer")
+            .field("namespace", &self.cfg.namespace)
+            .field("shards", &self.cfg.shards)
+            .finish()
+    }
+}
+
+impl Producer {
+    /// Connects. Errors: a bad setting or namespace, an unreachable Redis.
+    pub async fn connect(cfg: QueueConfig) -> Result<Producer, QueueError> {
+        let shards = cfg.check()?;
+        let conn = Conn::open(&cfg.url).await?;
+        Ok(Producer {
+            cfg: Arc::new(cfg),
+            shards: Arc::new(shards),
+            conn,
+        })
+    }
+
+    fn keys(&self, id: &str) -> &KeyLayout {
+        &self.shards[shard_of(id, self.cfg.shards) as usize]
+    }
+
+    /// Enqueues task `id` for `topic` at `when`. Idempotent by id: if `id` is already queued
+    /// (or claimed), nothing changes and `Ok(false)` is returned. Errors hand the envelope back.
+    pub async fn enqueue(
+        &self,
+        id: impl Into<String>,
+        topic: impl Into<String>,
+        payload: serde_json::Value,
+        when: When,
+    ) -> Result<bool, QueueError> {
+        let envelope = Envelope {
+            id: id.into(),
+            topic: topic.into(),
+            payload,
+            attempt: 0,
+            created_at: now_ms(),
+            due_at: when.due_ms(),
+        };
+        self.enqueue_envelope(envelope, false).await
+    }
+
+    /// Enqueues a complete envelope. With `replace`, a pending task of the same id is replaced
+    /// (a consumer that had claimed it can no longer ack it); without, it is kept and
+    /// `Ok(false)` is returned.
+    pub async fn enqueue_envelope(
+        &self,
+        envelope: Envelope,
+        replace: bool,
+    ) -> Result<bool, QueueError> {
+        let bytes = match envelope.encode(self.cfg.max_envelope) {
+            Ok(b) => b,
+            Err(e) => return Err(QueueError::Envelope(e, Box::new(envelope))),
+        };
+        let keys = self.keys(&envelope.id);
+        let notify_before = if self.cfg.notify {
+            now_ms() + (self.cfg.reconcile + self.cfg.claim_margin).as_millis() as u64
+        } else {
+            0
+        };
+        let mut inv = scripts::ENQUEUE.prepare_invoke();
+        inv.key(keys.due())
+            .key(keys.tasks())
+            .key(keys.lease())
+            .key(keys.owner())
+            .arg(envelope.id.as_str())
+            .arg(envelope.due_at)
+            .arg(bytes)
+            .arg(u8::from(replace))
+            .arg(self.cfg.channel())
+            .arg(notify_before)
+            .arg(envelope.due_at);
+        match self.conn.run::<i64>(&inv).await {
+            Ok(n) => Ok(n == 1),
+            Err(e) => Err(QueueError::Store(e.into())),
+        }
+    }
+
+    /// Cancels task `id` whether queued or claimed; `Ok(false)` if it is not there. A
+    /// consumer that already claimed it may still fire it (its ack is then refused): handlers
+    /// that must not act on a cancelled task check their own state, as they would anyway
+    /// under at-least-once delivery.
+    pub async fn cancel(&self, id: &str) -> Result<bool, QueueError> {
+        let keys = self.keys(id);
+        let mut inv = scripts::CANCEL.prepare_invoke();
+        inv.key(keys.due())
+            .key(keys.tasks())
+            .key(keys.lease())
+            .key(keys.owner())
+            .arg(id);
+        Ok(self.conn.run::<i64>(&inv).await? == 1)
+    }
+
+    /// Up to `limit` dead-lettered tasks per shard.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
+        let mut out = Vec::new();
+        for keys in self.shards.iter() {
+            let mut conn = self.conn.conn.clone();
+            self.conn.commands.fetch_add(1, Relaxed);
+            let (_, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                .arg(keys.dead())
+                .arg(0)
+                .arg("COUNT")
+                .arg(limit.max(1))
+                .query_async(&mut conn)
+                .await?;
+            for (id, record) in flat.into_iter().take(limit) {
+                out.push(parse_dead(id, &record));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves dead-lettered task `id` back to the queue, due now, with its attempts reset.
+    /// `Ok(false)` if it is not dead-lettered; [`QueueError::NotAnEnvelope`] if what was
+    /// dead-lettered is not a task envelope (it stays where it is).
+    pub async fn requeue(&self, id: &str) -> Result<bool, QueueError> {
+        let keys = self.keys(id);
+        let mut conn = self.conn.conn.clone();
+        self.conn.commands.fetch_add(1, Relaxed);
+        let record: Option<String> = redis::cmd("HGET")
+            .arg(keys.dead())
+            .arg(id)
+            .query_async(&mut conn)
+            .await?;
+        let Some(record) = record else {
+            return Ok(false);
+        };
+        let dead = parse_dead(id.to_string(), &record);
+        let Ok(mut envelope) = Envelope::decode(dead.raw.as_bytes()) else {
+            return Err(QueueError::NotAnEnvelope(id.to_string()));
+        };
+        envelope.attempt = 0;
+        envelope.due_at = now_ms();
+        let bytes = envelope
+            .encode(usize::MAX)
+            .map_err(|e| QueueError::Envelope(e, Box::new(envelope.clone())))?;
+        let mut inv = scripts::REQUEUE.prepare_invoke();
+        inv.key(keys.dead())
+            .key(keys.tasks())
+            .key(keys.due())
+            .arg(id)
+            .arg(bytes)
+            .arg(envelope.due_at);
+        Ok(self.conn.run::<i64>(&inv).await? == 1)
+    }
+
+    /// Queued (not claimed), claimed, and dead-lettered tasks, over all shards.
+    pub async fn depth(&self) -> Result<QueueDepth, QueueError> {
+        let mut depth = QueueDepth::default();
+        for keys in self.shards.iter() {
+            let d = sample_depth(&self.conn, keys).await?;
+            depth.queued += d.queued;
+            depth.leased += d.leased;
+            depth.dead += d.dead;
+        }
+        Ok(depth)
+    }
+
+    /// Commands this producer has sent.
+    pub fn commands(&self) -> u64 {
+        self.conn.commands.load(Relaxed)
+    }
+}
+
+/// Sizes of a queue's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueDepth {
+    /// Tasks waiting to be claimed (ZCARD of `due`).
+    pub queued: u64,
+    /// Tasks claimed by a consumer (ZCARD of `lease`).
+    pub leased: u64,
+    /// Dead-lettered tasks (HLEN of `dead`).
+    pub dead: u64,
+}
+
+pub(crate) async fn sample_depth(conn: &Conn, keys: &KeyLayout) -> Result<QueueDepth, QueueError> {
+    let mut c = conn.conn.clone();
+    conn.commands.fetch_add(3, Relaxed);
+    let (queued, leased, dead): (u64, u64, u64) = redis::pipe()
+        .cmd("ZCARD")
+        .arg(keys.due())
+        .cmd("ZCARD")
+        .arg(keys.lease())
+        .cmd("HLEN")
+        .arg(keys.dead())
+        .query_async(&mut c)
+        .await?;
+    Ok(QueueDepth {
+        queued,
+        leased,
+        dead,
+    })
+}
+
+/// The dead-letter record written by the consumer: `{reason, raw, at, attempt}`.
+pub(crate) fn dead_record(reason: &str, raw: &str, attempt: u32) -> String {
+    serde_json::json!({ "reason": reason, "raw": raw, "at": now_ms(), "attempt": attempt })
+        .to_string()
+}
+
+fn parse_dead(id: String, record: &str) -> DeadTask {
+    let v: serde_json::Value = serde_json::from_str(record).unwrap_or_default();
+    DeadTask {
+        id,
+        reason: v["reason"]
+            .as_str()
+            .unwrap_or("unreadable record")
+            .to_string(),
+        at: v["at"].as_u64().unwrap_or(0),
+        attempt: v["attempt"].as_u64().unwrap_or(0) as u32,
+        raw: v["raw"].as_str().unwrap_or(record).to_string(),
+    }
+}
