@@ -38,6 +38,8 @@ smoke:
 	$(CARGO) run --all-features --example wheel_load -- --smoke --json
 	$(CARGO) run --all-features --example gateway -- --smoke --json
 	$(CARGO) run --all-features --example persist_report -- --smoke --json
+	$(CARGO) run --all-features --example order_timeout -- --smoke --json
+	$(CARGO) run --all-features --example vs_polling -- --smoke --json
 
 bench:
 	$(CARGO) bench --bench wheel

@@ -320,7 +320,11 @@ impl Consumer {
             let keys = &self.shared.shards[shard as usize];
             for chunk in tasks.chunks(500) {
                 let mut inv = scripts::GIVE_BACK.prepare_invoke();
-                inv.key(keys.lease()).key(keys.owner()).key(keys.due());
+                inv.key(keys.lease())
+                    .key(keys.owner())
+                    .key(keys.due())
+                    .arg(self.shared.cfg.channel())
+                    .arg(self.shared.cfg.notify_before());
                 for (id, owner, due) in chunk {
                     inv.arg(id.as_str()).arg(&**owner).arg(*due);
                 }
@@ -634,7 +638,8 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 .key(keys.owner())
                 .key(keys.due())
                 .arg(now_ms())
-                .arg(1_000);
+                .arg(1_000)
+                .arg(shared.cfg.channel());
             match shared.conn.run::<u64>(&inv).await {
                 Ok(0) => {}
                 Ok(n) => {
@@ -767,7 +772,9 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
                 .arg(id.as_str())
                 .arg(&**owner)
                 .arg(envelope.as_slice())
-                .arg(*due);
+                .arg(*due)
+                .arg(shared.cfg.channel())
+                .arg(shared.cfg.notify_before());
         }
         Outcome::Dead { record, .. } => {
             inv.key(keys.dead())

@@ -180,6 +180,16 @@ impl QueueConfig {
             .collect()
     }
 
+    /// Tasks due before this time (ms) get a wake-up: the consumers' next reconcile claim might
+    /// come too late for them. 0 (never) when `notify` is off.
+    pub(crate) fn notify_before(&self) -> u64 {
+        if self.notify {
+            now_ms() + (self.reconcile + self.claim_margin).as_millis() as u64
+        } else {
+            0
+        }
+    }
+
     /// The pub/sub channel of wake-ups.
     pub(crate) fn channel(&self) -> String {
         format!("{{{}}}:wake", self.namespace)
@@ -365,11 +375,7 @@ impl Producer {
             Err(e) => return Err(QueueError::Envelope(e, Box::new(envelope))),
         };
         let keys = self.keys(&envelope.id);
-        let notify_before = if self.cfg.notify {
-            now_ms() + (self.cfg.reconcile + self.cfg.claim_margin).as_millis() as u64
-        } else {
-            0
-        };
+        let notify_before = self.cfg.notify_before();
         let mut inv = scripts::ENQUEUE.prepare_invoke();
         inv.key(keys.due())
             .key(keys.tasks())
@@ -453,7 +459,8 @@ impl Producer {
             .key(keys.due())
             .arg(id)
             .arg(bytes)
-            .arg(envelope.due_at);
+            .arg(envelope.due_at)
+            .arg(self.cfg.channel());
         Ok(self.conn.run::<i64>(&inv).await? == 1)
     }
 

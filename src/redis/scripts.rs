@@ -96,8 +96,9 @@ return out
     )
 });
 
-/// KEYS: lease, owner, tasks, due. ARGV: id, owner, new envelope, next due (ms). Puts a
-/// failed task back in the queue for its next attempt, if the owner still matches.
+/// KEYS: lease, owner, tasks, due. ARGV: id, owner, new envelope, next due (ms), channel,
+/// notify before (ms). Puts a failed task back in the queue for its next attempt, if the owner
+/// still matches, and wakes the consumers if it is due soon.
 pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -106,6 +107,7 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+if tonumber(ARGV[4]) < tonumber(ARGV[6]) then redis.call('PUBLISH', ARGV[5], ARGV[4]) end
 return 1
 ",
     )
@@ -126,27 +128,32 @@ return 1
     )
 });
 
-/// KEYS: lease, owner, due. ARGV: id1, owner1, due1, ... Hands claimed, unfired tasks back to
-/// the queue at their due time (graceful shutdown). Returns how many were handed back.
+/// KEYS: lease, owner, due. ARGV: channel, notify before (ms), then id1, owner1, due1, ...
+/// Hands claimed, unfired tasks back to the queue at their due time (graceful shutdown) and
+/// wakes the other consumers for the earliest. Returns how many were handed back.
 pub(crate) static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local n = 0
-for i = 1, #ARGV, 3 do
+local n, first = 0, nil
+for i = 3, #ARGV, 3 do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
     redis.call('ZREM', KEYS[1], ARGV[i])
     redis.call('HDEL', KEYS[2], ARGV[i])
     redis.call('ZADD', KEYS[3], ARGV[i + 2], ARGV[i])
+    local due = tonumber(ARGV[i + 2])
+    if first == nil or due < first then first = due end
     n = n + 1
   end
 end
+if first ~= nil and first < tonumber(ARGV[2]) then redis.call('PUBLISH', ARGV[1], tostring(first)) end
 return n
 ",
     )
 });
 
-/// KEYS: lease, owner, due. ARGV: now (ms), batch. Returns tasks whose lease expired (their
-/// consumer died or stalled) to the queue, due now. Returns how many.
+/// KEYS: lease, owner, due. ARGV: now (ms), batch, channel. Returns tasks whose lease expired
+/// (their consumer died or stalled) to the queue, due now, and wakes the consumers. Returns
+/// how many.
 pub(crate) static REAP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -156,19 +163,22 @@ for _, id in ipairs(ids) do
   redis.call('HDEL', KEYS[2], id)
   redis.call('ZADD', KEYS[3], ARGV[1], id)
 end
+if #ids > 0 then redis.call('PUBLISH', ARGV[3], ARGV[1]) end
 return #ids
 ",
     )
 });
 
-/// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms). Moves a dead-lettered task back to
-/// the queue with a fresh envelope. Returns 0 if it is not in the dead-letter HASH.
+/// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms), channel. Moves a dead-lettered task
+/// back to the queue with a fresh envelope and wakes the consumers. Returns 0 if it is not in
+/// the dead-letter HASH.
 pub(crate) static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
 return 1
 ",
     )
