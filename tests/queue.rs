@@ -214,7 +214,8 @@ fn failures_follow_the_backoff_then_dead_letter_and_requeue_works() {
         })
     };
     let c = Consumer::start(cfg.clone(), handlers).unwrap();
-    enqueue_all(&rt, &p, "close", vec![("order9".into(), now_ms())]);
+    let enqueued_at = now_ms();
+    enqueue_all(&rt, &p, "close", vec![("order9".into(), enqueued_at)]);
     wait_until("the dead letter", || c.stats().dead_lettered == 1);
     {
         let attempts = attempts.lock();
@@ -234,6 +235,16 @@ fn failures_follow_the_backoff_then_dead_letter_and_requeue_works() {
     assert_eq!(dead[0].id, "order9");
     assert_eq!(dead[0].attempt, 5);
     assert_eq!(dead[0].reason, "payment service unavailable");
+    assert!(
+        dead[0].at >= enqueued_at && dead[0].at <= now_ms(),
+        "dead-letter time"
+    );
+    assert_eq!(
+        delaywheel::redis::Envelope::decode(dead[0].raw.as_bytes())
+            .unwrap()
+            .id,
+        "order9"
+    );
     // Requeue: back in the queue with its attempts reset; now it succeeds.
     healthy.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(rt.block_on(p.requeue("order9")).unwrap());
@@ -448,4 +459,117 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
         rt.block_on(Producer::connect(bad)),
         Err(QueueError::Config(_))
     ));
+}
+
+#[test]
+fn replace_swaps_a_pending_task_and_a_claimed_copy_can_no_longer_ack() {
+    let server = RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = QueueConfig::new(server.url(), "replace");
+    let p = producer(&rt, &cfg);
+    let seen: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let handlers = {
+        let seen = seen.clone();
+        Handlers::new().on("job", move |t| {
+            seen.lock().push(t.payload.clone());
+            Ok(())
+        })
+    };
+    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    let envelope = |payload: serde_json::Value, due_at: u64| delaywheel::redis::Envelope {
+        id: "r1".into(),
+        topic: "job".into(),
+        payload,
+        attempt: 0,
+        created_at: now_ms(),
+        due_at,
+    };
+    // Claimed (due within the lookahead), then replaced: the new version fires; the claimed
+    // copy fires too (at-least-once) but its ack is refused, and the new version stays.
+    let first_due = now_ms() + 400;
+    assert!(rt
+        .block_on(p.enqueue_envelope(envelope(serde_json::json!(1), first_due), false))
+        .unwrap());
+    wait_until("the claim", || c.held() == 1);
+    assert!(!rt
+        .block_on(p.enqueue_envelope(envelope(serde_json::json!(2), first_due), false))
+        .unwrap());
+    assert!(rt
+        .block_on(p.enqueue_envelope(envelope(serde_json::json!(3), now_ms() + 800), true))
+        .unwrap());
+    wait_until("both deliveries", || seen.lock().len() == 2);
+    assert_eq!(
+        *seen.lock(),
+        vec![serde_json::json!(1), serde_json::json!(3)]
+    );
+    wait_until("one ack accepted, one refused", || {
+        let s = c.stats();
+        s.acked == 1 && s.refused == 1
+    });
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0));
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn exponential_backoff_doubles_within_its_jitter_and_caps() {
+    let b = Backoff::Exponential {
+        base: Duration::from_millis(100),
+        max: Duration::from_secs(2),
+    };
+    for attempt in 1..=10u32 {
+        let full = (Duration::from_millis(100) * 2u32.pow(attempt - 1)).min(Duration::from_secs(2));
+        let mut distinct = std::collections::HashSet::new();
+        for _ in 0..50 {
+            let d = b.delay(attempt);
+            assert!(
+                d >= full / 2 && d <= full,
+                "attempt {attempt}: {d:?} outside [{:?}, {full:?}]",
+                full / 2
+            );
+            distinct.insert(d);
+        }
+        assert!(distinct.len() > 1, "no jitter at attempt {attempt}");
+    }
+    let q = Backoff::Quadratic {
+        unit: Duration::from_secs(1),
+    };
+    let waits: Vec<u64> = (1..=4).map(|a| q.delay(a).as_secs()).collect();
+    assert_eq!(waits, [1, 4, 9, 16]);
+    assert_eq!(RetryPolicy::default().max_attempts, 5);
+    assert_eq!(
+        RetryPolicy::default().backoff,
+        Backoff::Quadratic {
+            unit: Duration::from_secs(1)
+        }
+    );
+}
+
+#[test]
+fn shutdown_lets_a_running_handler_finish_and_sends_its_ack() {
+    let server = RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = QueueConfig::new(server.url(), "finish");
+    let p = producer(&rt, &cfg);
+    let (started_tx, started) = crossbeam_channel::bounded(1);
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handlers = {
+        let finished = finished.clone();
+        Handlers::new().on("job", move |_| {
+            let _ = started_tx.send(());
+            std::thread::sleep(Duration::from_millis(400));
+            finished.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+    };
+    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    enqueue_all(&rt, &p, "job", vec![("slow".into(), now_ms())]);
+    started.recv_timeout(PATIENCE).unwrap();
+    c.shutdown(Duration::from_secs(5)).unwrap();
+    assert!(
+        finished.load(std::sync::atomic::Ordering::SeqCst),
+        "shutdown did not wait"
+    );
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0), "the ack did not land");
 }

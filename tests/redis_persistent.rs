@@ -356,3 +356,47 @@ fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
     });
     assert!(redis_int(&server, &["PTTL", "{orders}:done:o1"]) > 3_000_000);
 }
+
+#[test]
+fn acl_users_and_passwords_work_through_the_url() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut admin = client.get_connection().unwrap();
+    for (user, keys) in [("app", "~{acl}:*"), ("other", "~{elsewhere}:*")] {
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg("on")
+            .arg(">s3cret")
+            .arg(keys)
+            .arg("+@all")
+            .query::<()>(&mut admin)
+            .unwrap();
+    }
+    let as_user = |user: &str, pass: &str| format!("{}?user={user}&pass={pass}", server.url());
+
+    let (p, _fired) =
+        Persistent::start(PersistConfig::new(as_user("app", "s3cret"), "acl")).unwrap();
+    p.schedule("t1", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+    assert_eq!(redis_int(&server, &["ZCARD", "{acl}:due"]), 1);
+
+    match Persistent::start(PersistConfig::new(as_user("app", "wrong"), "acl")) {
+        Err(PersistError::Store(e)) => {
+            assert!(
+                e.to_string().to_lowercase().contains("authentication"),
+                "{e}"
+            )
+        }
+        other => panic!("expected an authentication error, got {other:?}"),
+    }
+    // A user the ACL keeps off these keys: the engine runs, the writes are refused and held.
+    let (p, _fired) =
+        Persistent::start(PersistConfig::new(as_user("other", "s3cret"), "acl")).unwrap();
+    p.schedule("t2", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .unwrap();
+    assert!(!p.flush(Duration::from_millis(300)));
+    assert_eq!(p.journal_depth(), 1);
+    assert_eq!(redis_int(&server, &["ZCARD", "{acl}:due"]), 1);
+}

@@ -56,9 +56,7 @@ impl Dedup {
         keep: Duration,
     ) -> Result<Dedup, DedupError> {
         let keys = KeyLayout::new(ns).map_err(DedupError::Namespace)?;
-        let client = redis::Client::open(url).map_err(|e| DedupError::Store(e.into()))?;
-        let conn = client
-            .get_connection_manager()
+        let conn = super::store::connection_manager(url)
             .await
             .map_err(|e| DedupError::Store(e.into()))?;
         Ok(Dedup {

@@ -483,13 +483,25 @@ impl<S: TaskStore> Persistent<S> {
     /// reason. Ids already in memory are kept as they are.
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
         let mut report = RestoreReport::default();
-        let mut cursor = 0;
         let mut overdue = 0u64;
-        loop {
-            let page = self
-                .rt
-                .block_on(self.store.page(cursor, page_size))
-                .map_err(PersistError::Store)?;
+        // A fetcher task reads (and decodes) the next pages while this thread loads the
+        // current one into the wheel.
+        let (tx, mut pages) = tokio::sync::mpsc::channel(2);
+        let store = self.store.clone();
+        let fetcher = self.rt.spawn(async move {
+            let mut cursor = 0;
+            loop {
+                let page = store.page(cursor, page_size).await;
+                let next = page.as_ref().map_or(0, |p| p.next);
+                if tx.send(page).await.is_err() || next == 0 {
+                    return;
+                }
+                cursor = next;
+            }
+        });
+        let _abort_on_return = AbortOnDrop(fetcher);
+        while let Some(page) = pages.blocking_recv() {
+            let page = page.map_err(PersistError::Store)?;
             if !page.broken.is_empty() {
                 self.rt
                     .block_on(self.store.dead_letter(&page.broken, now_ms()))
@@ -527,11 +539,6 @@ impl<S: TaskStore> Persistent<S> {
                 );
                 report.loaded += 1;
             }
-            drop(index);
-            if page.next == 0 {
-                break;
-            }
-            cursor = page.next;
         }
         report.overdue = overdue as usize;
         tracing::info!(
@@ -653,6 +660,15 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: String) {
                 return;
             }
         }
+    }
+}
+
+/// Aborts a task when dropped (an early return from `restore` stops its fetcher).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -289,9 +289,8 @@ pub(crate) struct Conn {
 
 impl Conn {
     pub(crate) async fn open(url: &str) -> Result<Conn, QueueError> {
-        let client = redis::Client::open(url)?;
         Ok(Conn {
-            conn: client.get_connection_manager().await?,
+            conn: super::store::connection_manager(url).await?,
             commands: Arc::new(AtomicU64::new(0)),
         })
     }

@@ -11,6 +11,17 @@ use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::KeyLayout;
 use super::task_store::TaskStore;
 
+/// A multiplexed connection that reconnects by itself. A failed (re)connection is retried
+/// twice, within half a second, before the error is returned: the callers (the flusher, the
+/// consumer loops) have their own backoff, and a wrong password should fail fast.
+pub(crate) async fn connection_manager(url: &str) -> Result<ConnectionManager, redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_number_of_retries(2)
+        .set_max_delay(std::time::Duration::from_millis(200));
+    client.get_connection_manager_with_config(config).await
+}
+
 /// One change to the stored set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -129,8 +140,7 @@ impl RedisStore {
     /// redis crate is built with it, `redis+unix:///path`) for the namespace whose keys are
     /// `keys`.
     pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url)?;
-        let conn = client.get_connection_manager().await?;
+        let conn = connection_manager(url).await?;
         Ok(RedisStore { keys, conn })
     }
 
