@@ -573,3 +573,40 @@ fn shutdown_lets_a_running_handler_finish_and_sends_its_ack() {
     let depth = rt.block_on(p.depth()).unwrap();
     assert_eq!((depth.queued, depth.leased), (0, 0), "the ack did not land");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_layer_starts_and_stops_from_async_code() {
+    let server = RedisServer::start_in_memory();
+    let cfg = QueueConfig::new(server.url(), "async");
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    let p = Producer::connect(cfg).await.unwrap();
+    p.enqueue(
+        "a1",
+        "job",
+        serde_json::Value::Null,
+        When::After(Duration::ZERO),
+    )
+    .await
+    .unwrap();
+    let start = Instant::now();
+    while !fired.lock().contains_key("a1") {
+        assert!(start.elapsed() < PATIENCE);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    c.shutdown(Duration::from_secs(5)).unwrap();
+
+    let persist_cfg = delaywheel::redis::PersistConfig::new(server.url(), "async_persist");
+    let (engine, _fired) = delaywheel::redis::Persistent::start(persist_cfg.clone()).unwrap();
+    engine
+        .schedule("x", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .unwrap();
+    engine.shutdown();
+    drop(engine);
+    let (engine, _fired) = delaywheel::redis::Persistent::start(persist_cfg).unwrap();
+    assert_eq!(engine.restore(100).unwrap().loaded, 1);
+    drop(engine);
+    let dropped =
+        Consumer::start(QueueConfig::new(server.url(), "async"), Handlers::new()).unwrap();
+    drop(dropped);
+}

@@ -25,6 +25,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
+use super::blocking::{stop_runtime, wait_on};
 use super::envelope::Envelope;
 use super::layout::KeyLayout;
 use super::persistent::now_ms;
@@ -196,7 +197,9 @@ impl Consumer {
             .enable_all()
             .build()
             .map_err(|e| QueueError::Spawn(e.to_string()))?;
-        let conn = rt.block_on(Conn::open(&cfg.url))?;
+        let url = cfg.url.clone();
+        let conn = wait_on(&rt, async move { Conn::open(&url).await })
+            .ok_or(QueueError::Spawn("the runtime stopped".into()))??;
         let id = cfg.consumer_id.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
             format!(
@@ -302,7 +305,7 @@ impl Consumer {
         let _ = self.stop.send(true);
         let rt = self.rt.take().expect("the runtime lives until shutdown");
         for l in self.loops.drain(..) {
-            let _ = rt.block_on(l);
+            let _ = wait_on(&rt, l);
         }
         // Take every unfired task out of the wheel; what is left in `held` fired meanwhile.
         let mut back: HashMap<u32, Vec<(String, Arc<str>, u64)>> = HashMap::new();
@@ -328,9 +331,11 @@ impl Consumer {
                 for (id, owner, due) in chunk {
                     inv.arg(id.as_str()).arg(&**owner).arg(*due);
                 }
-                match rt.block_on(self.shared.conn.run::<u64>(&inv)) {
-                    Ok(n) => given += n as usize,
-                    Err(e) => failure = Some(e),
+                let conn = self.shared.conn.clone();
+                match wait_on(&rt, async move { conn.run::<u64>(&inv).await }) {
+                    Some(Ok(n)) => given += n as usize,
+                    Some(Err(e)) => failure = Some(e),
+                    None => {}
                 }
             }
         }
@@ -349,9 +354,9 @@ impl Consumer {
             let _ = f.send(());
         }
         if let Some(r) = self.resolver.take() {
-            let _ = rt.block_on(async { tokio::time::timeout(timeout, r).await });
+            let _ = wait_on(&rt, async move { tokio::time::timeout(timeout, r).await });
         }
-        rt.shutdown_timeout(Duration::from_millis(100));
+        stop_runtime(rt, Duration::from_millis(100));
         tracing::debug!(consumer = %self.shared.id, given_back = given, "queue consumer stopped");
         match failure {
             None => Ok(given),
@@ -377,7 +382,7 @@ impl Drop for Consumer {
             // Dropped without `shutdown`: stop without handing back (leases expire).
             let _ = self.stop.send(true);
             drop(self.timer.shutdown());
-            rt.shutdown_timeout(Duration::from_millis(100));
+            stop_runtime(rt, Duration::from_millis(100));
         }
     }
 }

@@ -1,9 +1,47 @@
-//! The Redis layer (feature `redis`): the task envelope, the key layout, and a store that keeps
-//! pending tasks in a Redis ZSET + HASH.
+//! The Redis layer (feature `redis`), in two roles:
 //!
-//! [`Persistent`] is an engine whose tasks survive a restart: a write-behind flusher mirrors
-//! them into Redis and [`Persistent::restore`] reloads them. The shared delay queue (several
-//! instances claiming from one ZSET) is not here yet.
+//! * [`Persistent`]: an engine whose tasks survive a restart. A write-behind flusher mirrors
+//!   them into a [`TaskStore`] ([`RedisStore`] by default) and [`Persistent::restore`] reloads
+//!   them.
+//! * [`Producer`] and [`Consumer`]: a delay queue shared by many instances. Each consumer
+//!   claims the tasks due within its lookahead window, atomically and under a fencing token,
+//!   and fires each from its own wheel at the due millisecond.
+//!
+//! The examples below need a running Redis, so they are compiled but not run here; the tests
+//! in `tests/redis_*.rs`, `tests/persist_*.rs` and `tests/queue.rs` run the same calls against
+//! a private `redis-server`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use delaywheel::redis::{now_ms, PersistConfig, Persistent};
+//!
+//! let (engine, fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
+//! engine.restore(1_000)?; // what the previous process left
+//! engine.schedule("order:42", "order.close", serde_json::json!({ "order_id": 42 }), now_ms() + 30 * 60_000)?;
+//! for task in fired {
+//!     // close the order if it is still unpaid (idempotently), then:
+//!     engine.ack(&task.id);
+//! }
+//! # Ok::<(), delaywheel::redis::PersistError>(())
+//! ```
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use delaywheel::redis::{Consumer, Handlers, Producer, QueueConfig, When};
+//!
+//! # async fn run() -> Result<(), delaywheel::redis::QueueError> {
+//! let cfg = QueueConfig::new("redis://127.0.0.1/", "orders");
+//! let consumer = Consumer::start(cfg.clone(), Handlers::new().on("order.close", |task| {
+//!     println!("closing {}", task.payload["order_id"]);
+//!     Ok(())
+//! }))?;
+//! let producer = Producer::connect(cfg).await?;
+//! producer.enqueue("order:42", "order.close", serde_json::json!({ "order_id": 42 }),
+//!     When::After(Duration::from_secs(1_800))).await?;
+//! # consumer.shutdown(Duration::from_secs(5))?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Key layout
 //!
@@ -19,6 +57,7 @@
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.
 
+mod blocking;
 mod consumer;
 mod dedup;
 mod envelope;

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
+use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::{Envelope, EnvelopeError};
 use super::layout::{KeyLayout, NamespaceError};
 use super::store::{Op, RedisStore, StoreError};
@@ -217,7 +218,7 @@ pub struct Persistent<S: TaskStore = RedisStore> {
     timer: Timer<String>,
     flusher: Mutex<Option<JoinHandle<()>>>,
     store: S,
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<OwnedRuntime>,
 }
 
 impl<S: TaskStore> fmt::Debug for Persistent<S> {
@@ -230,15 +231,15 @@ impl<S: TaskStore> fmt::Debug for Persistent<S> {
 }
 
 /// One worker thread drives the store's connection; the flusher and `restore` block on it.
-fn store_runtime() -> Result<Arc<tokio::runtime::Runtime>, PersistError> {
-    Ok(Arc::new(
+fn store_runtime() -> Result<Arc<OwnedRuntime>, PersistError> {
+    Ok(Arc::new(OwnedRuntime::new(
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("delaywheel-store")
             .enable_all()
             .build()
             .map_err(|e| PersistError::Build(BuildError::Spawn(e.to_string())))?,
-    ))
+    )))
 }
 
 impl Persistent<RedisStore> {
@@ -250,8 +251,9 @@ impl Persistent<RedisStore> {
     ) -> Result<(Persistent<RedisStore>, Receiver<Envelope>), PersistError> {
         let keys = KeyLayout::new(&cfg.namespace).map_err(PersistError::Namespace)?;
         let rt = store_runtime()?;
-        let store = rt
-            .block_on(RedisStore::connect(&cfg.url, keys))
+        let url = cfg.url.clone();
+        let store = wait_on(&rt, async move { RedisStore::connect(&url, keys).await })
+            .ok_or_else(|| PersistError::Build(BuildError::Spawn("the runtime stopped".into())))?
             .map_err(PersistError::Store)?;
         Persistent::launch(cfg, store, rt)
     }
@@ -271,7 +273,7 @@ impl<S: TaskStore> Persistent<S> {
     fn launch(
         cfg: PersistConfig,
         store: S,
-        rt: Arc<tokio::runtime::Runtime>,
+        rt: Arc<OwnedRuntime>,
     ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound.max(1));
         let inner = Arc::new(Inner {
@@ -486,7 +488,7 @@ impl<S: TaskStore> Persistent<S> {
         let mut overdue = 0u64;
         // A fetcher task reads (and decodes) the next pages while this thread loads the
         // current one into the wheel.
-        let (tx, mut pages) = tokio::sync::mpsc::channel(2);
+        let (tx, pages) = tokio::sync::mpsc::channel(2);
         let store = self.store.clone();
         let fetcher = self.rt.spawn(async move {
             let mut cursor = 0;
@@ -500,12 +502,27 @@ impl<S: TaskStore> Persistent<S> {
             }
         });
         let _abort_on_return = AbortOnDrop(fetcher);
-        while let Some(page) = pages.blocking_recv() {
+        let mut pages = Some(pages);
+        while let Some(page) = pages.take().and_then(|mut rx| {
+            // Received through the engine's runtime: `blocking_recv` would panic when
+            // `restore` is called from async code.
+            let (rx, page) = wait_on(&self.rt, async move {
+                let page = rx.recv().await;
+                (rx, page)
+            })?;
+            pages = Some(rx);
+            page
+        }) {
             let page = page.map_err(PersistError::Store)?;
             if !page.broken.is_empty() {
-                self.rt
-                    .block_on(self.store.dead_letter(&page.broken, now_ms()))
-                    .map_err(PersistError::Store)?;
+                let (store, broken) = (self.store.clone(), page.broken.clone());
+                wait_on(&self.rt, async move {
+                    store.dead_letter(&broken, now_ms()).await
+                })
+                .ok_or_else(|| {
+                    PersistError::Build(BuildError::Spawn("the runtime stopped".into()))
+                })?
+                .map_err(PersistError::Store)?;
                 report.dead_lettered += page.broken.len();
             }
             let now = now_ms();
