@@ -3,6 +3,8 @@
 //! (kept and lost), poison tasks, graceful hand-back, and sharding.
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -16,6 +18,7 @@ use delaywheel::redis::{
 };
 use futures_util::StreamExt;
 use parking_lot::Mutex;
+use redis_cluster::RedisCluster;
 use redis_server::RedisServer;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -609,4 +612,53 @@ async fn the_redis_layer_starts_and_stops_from_async_code() {
     let dropped =
         Consumer::start(QueueConfig::new(server.url(), "async"), Handlers::new()).unwrap();
     drop(dropped);
+}
+
+#[test]
+fn the_queue_spreads_over_a_redis_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg = QueueConfig::new(urls[0].clone(), "clustered");
+    cfg.cluster_nodes = urls.clone();
+    cfg.shards = 6;
+    let p = producer(&rt, &cfg);
+    let fired: Fired = Arc::default();
+    let consumers: Vec<Consumer> = (0..2)
+        .map(|i| Consumer::start(cfg.clone(), recorder(&fired, i, "job")).unwrap())
+        .collect();
+    let due = now_ms() + 1_000;
+    let n = 3_000;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..n)
+            .map(|i| (format!("c{i}"), due + i as u64 % 500))
+            .collect(),
+    );
+    // The shards' keys live on different nodes.
+    let nodes_with_keys = urls
+        .iter()
+        .filter(|url| {
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            redis::cmd("DBSIZE").query::<u64>(&mut conn).unwrap() > 0
+        })
+        .count();
+    assert!(nodes_with_keys >= 2, "all shards on one node");
+    wait_until("every task on the cluster", || fired.lock().len() == n);
+    for (id, d) in fired.lock().iter() {
+        assert_eq!(d.len(), 1, "{id} fired {} times", d.len());
+    }
+    wait_until("acks", || {
+        consumers.iter().map(|c| c.stats().acked).sum::<u64>() == n as u64
+    });
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0));
+    for c in consumers {
+        c.shutdown(Duration::from_secs(5)).unwrap();
+    }
 }

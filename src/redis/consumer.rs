@@ -197,8 +197,8 @@ impl Consumer {
             .enable_all()
             .build()
             .map_err(|e| QueueError::Spawn(e.to_string()))?;
-        let url = cfg.url.clone();
-        let conn = wait_on(&rt, async move { Conn::open(&url).await })
+        let open_cfg = cfg.clone();
+        let conn = wait_on(&rt, async move { Conn::open(&open_cfg).await })
             .ok_or(QueueError::Spawn("the runtime stopped".into()))??;
         let id = cfg.consumer_id.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
@@ -588,9 +588,19 @@ async fn listen(
 ) {
     use futures_util::StreamExt;
     let channel = shared.cfg.channel();
+    // On a cluster, any node will do: classic PUBLISH reaches every node. Rotate through the
+    // seeds when one is lost.
+    let nodes = if shared.cfg.cluster_nodes.is_empty() {
+        vec![shared.cfg.url.clone()]
+    } else {
+        shared.cfg.cluster_nodes.clone()
+    };
+    let mut attempt = 0usize;
     loop {
+        let node = nodes[attempt % nodes.len()].clone();
+        attempt += 1;
         let subscribed = async {
-            let client = redis::Client::open(shared.cfg.url.as_str())?;
+            let client = redis::Client::open(node.as_str())?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)

@@ -78,8 +78,12 @@ impl Default for RetryPolicy {
 /// Settings of a queue, shared by its producers and consumers.
 #[derive(Debug, Clone)]
 pub struct QueueConfig {
-    /// Redis URL (`redis://user:password@host/db`, `rediss://...`, `redis+unix:///path`).
+    /// Redis URL (`redis://user:password@host/db`, `redis+unix:///path?user=..&pass=..`).
     pub url: String,
+    /// Seed nodes of a Redis Cluster (`redis://host:port`); when given, commands go through a
+    /// cluster connection (each shard's keys share one slot) and `url` is not used. Wake-ups
+    /// are subscribed on one of these nodes (classic pub/sub reaches the whole cluster).
+    pub cluster_nodes: Vec<String>,
     /// The queue's name; its keys are `{ns}:due`, `{ns}:tasks`, ... (one shard) or
     /// `{ns:i}:...` (several).
     pub namespace: String,
@@ -123,6 +127,7 @@ impl QueueConfig {
     pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> QueueConfig {
         QueueConfig {
             url: url.into(),
+            cluster_nodes: Vec::new(),
             namespace: namespace.into(),
             shards: 1,
             assigned_shards: None,
@@ -280,17 +285,63 @@ pub struct DeadTask {
     pub raw: String,
 }
 
+/// A connection to one Redis node, or to a Redis Cluster (which routes each command by the
+/// slot of its keys; every queue command touches one shard, so one slot).
+#[derive(Clone)]
+pub(crate) enum Link {
+    Node(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Link {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Link::Node(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Link::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Node(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// Redis connection shared by the producer and consumer sides, counting the commands it sends.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Link,
     pub(crate) commands: Arc<AtomicU64>,
 }
 
 impl Conn {
-    pub(crate) async fn open(url: &str) -> Result<Conn, QueueError> {
+    /// Connects to `cfg.cluster_nodes` as a cluster when there are any, else to `cfg.url`.
+    pub(crate) async fn open(cfg: &QueueConfig) -> Result<Conn, QueueError> {
+        let conn = if cfg.cluster_nodes.is_empty() {
+            Link::Node(super::store::connection_manager(&cfg.url).await?)
+        } else {
+            let client = redis::cluster::ClusterClient::new(cfg.cluster_nodes.clone())?;
+            Link::Cluster(client.get_async_connection().await?)
+        };
         Ok(Conn {
-            conn: super::store::connection_manager(url).await?,
+            conn,
             commands: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -329,7 +380,7 @@ impl Producer {
     /// Connects. Errors: a bad setting or namespace, an unreachable Redis.
     pub async fn connect(cfg: QueueConfig) -> Result<Producer, QueueError> {
         let shards = cfg.check()?;
-        let conn = Conn::open(&cfg.url).await?;
+        let conn = Conn::open(&cfg).await?;
         Ok(Producer {
             cfg: Arc::new(cfg),
             shards: Arc::new(shards),

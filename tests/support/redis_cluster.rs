@@ -1,0 +1,121 @@
+//! A private Redis Cluster for one test: `n` `redis-server` processes in cluster mode on free
+//! 127.0.0.1 ports (a cluster bus needs TCP, so no Unix sockets here), joined with
+//! `redis-cli --cluster create`. Killed when dropped.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL: &str =
+    "redis-server / redis-cli were not found on PATH. Install them (Debian/Ubuntu: \
+    `apt-get install -y redis-server`; macOS: `brew install redis`), or run `make test`.";
+
+pub struct RedisCluster {
+    dir: tempfile::TempDir,
+    children: Vec<Child>,
+    ports: Vec<u16>,
+}
+
+/// A port that is free, and whose cluster bus port (+10 000) is free too.
+fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl RedisCluster {
+    pub fn start(n: usize) -> RedisCluster {
+        let mut cluster = RedisCluster {
+            dir: tempfile::tempdir().expect("temp dir"),
+            children: Vec::new(),
+            ports: Vec::new(),
+        };
+        for _ in 0..n {
+            let port = free_port();
+            let node_dir = cluster.dir.path().join(port.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ])
+                .args(["--appendonly", "no", "--save", "", "--dir"])
+                .arg(&node_dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            match child {
+                Ok(c) => cluster.children.push(c),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+                Err(e) => panic!("could not start redis-server: {e}"),
+            }
+            cluster.ports.push(port);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for &port in &cluster.ports {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "redis-server on {port} did not start"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for &port in &cluster.ports {
+            create.arg(format!("127.0.0.1:{port}"));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("{INSTALL} ({e})"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for url in cluster.urls() {
+            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+            loop {
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline + Duration::from_secs(20),
+                    "cluster not ok"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        cluster
+    }
+
+    /// One `redis://127.0.0.1:port/` per node.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}/"))
+            .collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
