@@ -17,6 +17,11 @@ deps:
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@# The Redis tests start their own redis-server from PATH (on a Unix socket in a temp dir).
+	@# The TLS test makes a certificate with openssl; the `tls` feature builds against OpenSSL.
+	@{ command -v openssl >/dev/null && pkg-config --exists openssl 2>/dev/null; } || { \
+		echo "openssl or its headers missing: installing them with apt-get"; \
+		(apt-get update -qq && apt-get install -y -qq openssl libssl-dev pkg-config) || { \
+			echo "could not install OpenSSL: install openssl, libssl-dev and pkg-config and re-run"; exit 1; }; }
 	@command -v redis-server >/dev/null || { \
 		echo "redis-server missing: installing it with apt-get"; \
 		(apt-get update -qq && apt-get install -y -qq redis-server) || { \
