@@ -241,3 +241,28 @@ async fn acknowledged_writes_survive_a_sigkill_of_redis() {
     assert!(broken.is_empty());
     assert_eq!(read, tasks);
 }
+
+#[test]
+fn check_counts_exactly_what_encode_writes() {
+    let payloads = [
+        serde_json::Value::Null,
+        serde_json::json!("quotes \" and \\ backslashes, tabs\t, newlines\n, \u{1} controls"),
+        serde_json::json!({ "unicode": "ünïcødé ✓ 注文", "n": [1, -2, 3.5, 1e300], "b": true }),
+        serde_json::json!("x".repeat(10_000)),
+    ];
+    for payload in payloads {
+        let mut e = envelope("order:\"1\"", 1_700_000_000_000);
+        e.payload = payload;
+        let bytes = e.encode(usize::MAX).unwrap();
+        assert_eq!(e.check(usize::MAX), Ok(bytes.len()));
+        // The limit is inclusive, and one byte less refuses with the true size.
+        assert_eq!(e.check(bytes.len()), Ok(bytes.len()));
+        assert_eq!(
+            e.check(bytes.len() - 1),
+            Err(EnvelopeError::TooLarge {
+                size: bytes.len(),
+                limit: bytes.len() - 1
+            })
+        );
+    }
+}

@@ -17,8 +17,15 @@ fn persistence_works_over_rediss_and_refuses_plain_text() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     let made = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
-        .args(["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"])
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")
@@ -37,28 +44,50 @@ fn persistence_works_over_rediss_and_refuses_plain_text() {
         .unwrap()
         .port();
     let mut server = Command::new("redis-server")
-        .args(["--port", "0", "--bind", "127.0.0.1", "--tls-port", &port.to_string()])
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--tls-port",
+            &port.to_string(),
+        ])
         .arg("--tls-cert-file")
         .arg(&cert)
         .arg("--tls-key-file")
         .arg(&key)
         .arg("--tls-ca-cert-file")
         .arg(&cert)
-        .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no"])
+        .args([
+            "--tls-auth-clients",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("{INSTALL} ({e})"));
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not open its TLS port");
+        assert!(
+            Instant::now() < deadline,
+            "redis-server did not open its TLS port"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 
     let url = format!("rediss://127.0.0.1:{port}/");
     let (p, _fired) = Persistent::start(PersistConfig::new(url.clone(), "tls")).unwrap();
-    p.schedule("secure", "t", serde_json::json!("over TLS"), now_ms() + 60_000)
-        .unwrap();
+    p.schedule(
+        "secure",
+        "t",
+        serde_json::json!("over TLS"),
+        now_ms() + 60_000,
+    )
+    .unwrap();
     assert!(p.flush(Duration::from_secs(30)));
     drop(p);
     let (p, _fired) = Persistent::start(PersistConfig::new(url, "tls")).unwrap();

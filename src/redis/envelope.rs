@@ -64,24 +64,50 @@ impl std::error::Error for EnvelopeError {}
 impl Envelope {
     /// Checks the envelope and encodes it, refusing one larger than `limit` bytes.
     pub fn encode(&self, limit: usize) -> Result<Vec<u8>, EnvelopeError> {
+        let size = self.check(limit)?;
+        let mut bytes = Vec::with_capacity(size);
+        serde_json::to_writer(&mut bytes, self)
+            .map_err(|e| EnvelopeError::Encode(e.to_string()))?;
+        Ok(bytes)
+    }
+
+    /// Checks what [`encode`](Self::encode) checks, without building the bytes (the encoded
+    /// JSON is only counted), and returns the encoded size.
+    pub fn check(&self, limit: usize) -> Result<usize, EnvelopeError> {
         if self.id.is_empty() {
             return Err(EnvelopeError::EmptyId);
         }
         if self.due_at > MAX_DUE_MS {
             return Err(EnvelopeError::DueTooLate(self.due_at));
         }
-        let bytes = serde_json::to_vec(self).map_err(|e| EnvelopeError::Encode(e.to_string()))?;
-        if bytes.len() > limit {
+        let mut counter = Counter(0);
+        serde_json::to_writer(&mut counter, self)
+            .map_err(|e| EnvelopeError::Encode(e.to_string()))?;
+        if counter.0 > limit {
             return Err(EnvelopeError::TooLarge {
-                size: bytes.len(),
+                size: counter.0,
                 limit,
             });
         }
-        Ok(bytes)
+        Ok(counter.0)
     }
 
     /// Decodes an envelope written by [`encode`](Self::encode).
     pub fn decode(bytes: &[u8]) -> Result<Envelope, serde_json::Error> {
         serde_json::from_slice(bytes)
+    }
+}
+
+/// A writer that only counts the bytes written to it.
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

@@ -170,9 +170,25 @@ struct Entry {
     persisted: bool,
 }
 
+/// Maps keyed by task id: ids are shared (`Arc<str>`) between the index, the journal and the
+/// timer, and hashed with foldhash (seeded per process, so ids chosen by a client cannot
+/// collide on purpose).
+type Ids<V> = HashMap<Arc<str>, V, foldhash::fast::RandomState>;
+
+/// A journaled change to one id, turned into a store [`Op`] by the flusher.
+enum Change {
+    /// Write this envelope. It is encoded by the flusher, off the caller's path, and never
+    /// if a later change replaces it first.
+    Upsert(Arc<Envelope>),
+    /// A write that failed and waits for the next round, already encoded.
+    Encoded(Op),
+    /// Remove the task (cancelled, or fired and acknowledged).
+    Remove,
+}
+
 #[derive(Default)]
 struct Journal {
-    ops: HashMap<String, Op>,
+    ops: Ids<Change>,
     /// Completed flush rounds; `WriteThrough` waits for the round after its change.
     flushed: u64,
     /// When the oldest unflushed change was made.
@@ -190,16 +206,18 @@ struct Journal {
 }
 
 impl Journal {
-    /// Records `op` for its id, replacing any earlier unflushed change to that id.
-    fn record(&mut self, op: Op) {
-        self.ops.insert(op.id().to_string(), op);
-        self.oldest.get_or_insert_with(Instant::now);
+    /// Records `change` for `id`, replacing any earlier unflushed change to that id.
+    fn record(&mut self, id: Arc<str>, change: Change) {
+        self.ops.insert(id, change);
+        if self.oldest.is_none() {
+            self.oldest = Some(Instant::now());
+        }
     }
 }
 
 struct Inner {
     cfg: PersistConfig,
-    index: Mutex<HashMap<String, Entry>>,
+    index: Mutex<Ids<Entry>>,
     journal: Mutex<Journal>,
     /// Signalled after each flush round (room in the journal, WriteThrough progress).
     flushed: Condvar,
@@ -215,7 +233,7 @@ struct Inner {
 /// The store is Redis unless [`with_store`](Self::with_store) is given another [`TaskStore`].
 pub struct Persistent<S: TaskStore = RedisStore> {
     inner: Arc<Inner>,
-    timer: Timer<String>,
+    timer: Timer<Arc<str>>,
     flusher: Mutex<Option<JoinHandle<()>>>,
     store: S,
     rt: Arc<OwnedRuntime>,
@@ -278,7 +296,7 @@ impl<S: TaskStore> Persistent<S> {
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound.max(1));
         let inner = Arc::new(Inner {
             cfg,
-            index: Mutex::new(HashMap::new()),
+            index: Mutex::new(Ids::default()),
             journal: Mutex::new(Journal::default()),
             flushed: Condvar::new(),
             kick: Condvar::new(),
@@ -286,7 +304,7 @@ impl<S: TaskStore> Persistent<S> {
         });
         let fire = {
             let inner = inner.clone();
-            move |e: crate::Expiration<String>| deliver(&inner, &tx, e.value)
+            move |e: crate::Expiration<Arc<str>>| deliver(&inner, &tx, &e.value)
         };
         let timer = Timer::builder()
             .build_callback(1, 1024, fire)
@@ -319,59 +337,60 @@ impl<S: TaskStore> Persistent<S> {
         payload: serde_json::Value,
         due_at: u64,
     ) -> Result<(), PersistError> {
+        let now = now_ms();
         let envelope = Envelope {
             id: id.into(),
             topic: topic.into(),
             payload,
             attempt: 0,
-            created_at: now_ms(),
+            created_at: now,
             due_at,
         };
-        self.schedule_envelope(envelope)
+        self.schedule_at(envelope, now)
     }
 
-    /// Schedules (or replaces) a complete envelope.
+    /// Schedules (or replaces) a complete envelope. Errors as for [`schedule`](Self::schedule).
     pub fn schedule_envelope(&self, envelope: Envelope) -> Result<(), PersistError> {
-        let cfg = &self.inner.cfg;
-        let bytes = match envelope.encode(cfg.max_envelope) {
-            Ok(b) => b,
-            Err(e) => return Err(PersistError::Envelope(e, Box::new(envelope))),
-        };
+        self.schedule_at(envelope, now_ms())
+    }
+
+    fn schedule_at(&self, envelope: Envelope, now: u64) -> Result<(), PersistError> {
+        // Checked (size, id, due time) here, so the caller gets the envelope back; encoded
+        // later by the flusher.
+        if let Err(e) = envelope.check(self.inner.cfg.max_envelope) {
+            return Err(PersistError::Envelope(e, Box::new(envelope)));
+        }
         if self.inner.stopping.load(SeqCst) {
             return Err(PersistError::Shutdown(Box::new(envelope)));
         }
         let envelope = self.wait_for_room(envelope)?;
-        let delay = Duration::from_millis(envelope.due_at.saturating_sub(now_ms()));
-        let id = envelope.id.clone();
-        let op = Op::Upsert {
-            id: id.clone(),
-            due_at: envelope.due_at,
-            envelope: bytes,
-        };
+        let delay = Duration::from_millis(envelope.due_at.saturating_sub(now));
+        let id: Arc<str> = Arc::from(envelope.id.as_str());
+        let envelope = Arc::new(envelope);
         let round = {
             let mut index = self.inner.index.lock();
             let timer = match self.timer.schedule(id.clone(), delay) {
                 Ok(t) => t,
-                Err(_) => return Err(PersistError::Shutdown(Box::new(envelope))),
+                Err(_) => {
+                    let envelope = Arc::try_unwrap(envelope).unwrap_or_else(|e| (*e).clone());
+                    return Err(PersistError::Shutdown(Box::new(envelope)));
+                }
             };
-            let old = index.insert(
-                id.clone(),
-                Entry {
-                    envelope: Arc::new(envelope),
-                    timer: Some(timer),
-                    persisted: false,
-                },
-            );
-            if let Some(old) = old {
+            let entry = Entry {
+                envelope: envelope.clone(),
+                timer: Some(timer),
+                persisted: false,
+            };
+            if let Some(old) = index.insert(id.clone(), entry) {
                 if let Some(t) = old.timer {
                     self.timer.cancel(t);
                 }
-                if let Some(entry) = index.get_mut(&id) {
+                if let Some(entry) = index.get_mut(&*id) {
                     entry.persisted = old.persisted;
                 }
             }
             let mut journal = self.inner.journal.lock();
-            journal.record(op);
+            journal.record(id, Change::Upsert(envelope));
             journal.flushed
         };
         if self.inner.cfg.durability == Durability::WriteThrough {
@@ -436,14 +455,16 @@ impl<S: TaskStore> Persistent<S> {
         };
         self.timer.cancel(timer);
         let persisted = entry.persisted;
-        index.remove(id);
+        let Some((id, _)) = index.remove_entry(id) else {
+            return false;
+        };
         let mut journal = self.inner.journal.lock();
-        let unsent = matches!(journal.ops.get(id), Some(Op::Upsert { .. }));
+        let unsent = matches!(journal.ops.get(&*id), Some(Change::Upsert(_)));
         if unsent && !persisted {
             // Scheduled and cancelled within one flush window: Redis never hears of it.
-            journal.ops.remove(id);
+            journal.ops.remove(&*id);
         } else {
-            journal.record(Op::Remove(id.to_string()));
+            journal.record(id, Change::Remove);
         }
         true
     }
@@ -455,8 +476,10 @@ impl<S: TaskStore> Persistent<S> {
         if index.get(id).is_none_or(|e| e.timer.is_some()) {
             return false;
         }
-        index.remove(id);
-        self.inner.journal.lock().record(Op::Remove(id.to_string()));
+        let Some((id, _)) = index.remove_entry(id) else {
+            return false;
+        };
+        self.inner.journal.lock().record(id, Change::Remove);
         true
     }
 
@@ -528,7 +551,7 @@ impl<S: TaskStore> Persistent<S> {
             let now = now_ms();
             let mut index = self.inner.index.lock();
             for envelope in page.tasks {
-                if index.contains_key(&envelope.id) {
+                if index.contains_key(envelope.id.as_str()) {
                     continue; // a ZSCAN may return an entry twice
                 }
                 let delay = if envelope.due_at > now {
@@ -542,12 +565,13 @@ impl<S: TaskStore> Persistent<S> {
                         ),
                     }
                 };
-                let timer = match self.timer.schedule(envelope.id.clone(), delay) {
+                let id: Arc<str> = Arc::from(envelope.id.as_str());
+                let timer = match self.timer.schedule(id.clone(), delay) {
                     Ok(t) => t,
                     Err(_) => return Err(PersistError::Shutdown(Box::new(envelope))),
                 };
                 index.insert(
-                    envelope.id.clone(),
+                    id,
                     Entry {
                         envelope: Arc::new(envelope),
                         timer: Some(timer),
@@ -647,10 +671,10 @@ impl<S: TaskStore> Drop for Persistent<S> {
 
 /// Runs on the callback worker when a task's timer fires: hand the envelope to the consumer,
 /// keep the entry (it is still in Redis) until it is acknowledged.
-fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: String) {
+fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
     let envelope = {
         let mut index = inner.index.lock();
-        match index.get_mut(&id) {
+        match index.get_mut(id) {
             Some(entry) if entry.timer.is_some() => {
                 entry.timer = None;
                 (*entry.envelope).clone()
@@ -680,6 +704,26 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: String) {
     }
 }
 
+/// The store operation of a journaled change.
+fn into_op((id, change): (Arc<str>, Change)) -> Option<Op> {
+    Some(match change {
+        Change::Upsert(envelope) => Op::Upsert {
+            id: id.to_string(),
+            due_at: envelope.due_at,
+            // Checked when scheduled; a failure here would be a serde bug, logged.
+            envelope: match envelope.encode(usize::MAX) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::error!(%id, error = %e, "envelope no longer encodes; not written");
+                    return None;
+                }
+            },
+        },
+        Change::Encoded(op) => op,
+        Change::Remove => Op::Remove(id.to_string()),
+    })
+}
+
 /// Aborts a task when dropped (an early return from `restore` stops its fetcher).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -692,7 +736,7 @@ impl Drop for AbortOnDrop {
 /// What one flusher round writes.
 enum Round {
     /// The journaled changes, and when the oldest of them was made.
-    Journal(Vec<Op>, Option<Instant>),
+    Journal(Vec<(Arc<str>, Change)>, Option<Instant>),
     /// The whole pending set (a snapshot), which subsumes the journal.
     Snapshot(Vec<Arc<Envelope>>),
 }
@@ -720,12 +764,12 @@ fn take_round(inner: &Inner) -> Round {
         return Round::Snapshot(all);
     }
     let ops = std::mem::take(&mut journal.ops);
-    for (id, op) in &ops {
-        if let (Op::Upsert { .. }, Some(entry)) = (op, index.get_mut(id)) {
+    for (id, change) in &ops {
+        if let (Change::Upsert(_) | Change::Encoded(_), Some(entry)) = (change, index.get_mut(id)) {
             entry.persisted = true;
         }
     }
-    Round::Journal(ops.into_values().collect(), journal.oldest.take())
+    Round::Journal(ops.into_iter().collect(), journal.oldest.take())
 }
 
 /// Batches in flight at once. The multiplexed connection pipelines them, so building one batch
@@ -806,7 +850,9 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
     loop {
         let stopping = inner.stopping.load(SeqCst);
         let (result, written) = match take_round(inner) {
-            Round::Journal(ops, oldest) => {
+            Round::Journal(changes, oldest) => {
+                // Encoding happens here, outside every lock.
+                let ops: Vec<Op> = changes.into_iter().filter_map(into_op).collect();
                 let total = ops.len();
                 let (failed, error, lost) = write_batches(store, rt, ops, inner.cfg.batch.max(1));
                 metrics::counter!("delaywheel_flushed_ops_total")
@@ -819,7 +865,10 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
                     // snapshot was asked for, the snapshot covers these too.
                     if !journal.snapshot_wanted {
                         for op in failed {
-                            journal.ops.entry(op.id().to_string()).or_insert(op);
+                            journal
+                                .ops
+                                .entry(Arc::from(op.id()))
+                                .or_insert(Change::Encoded(op));
                         }
                         journal.oldest = journal.oldest.min(oldest).or(oldest);
                     }
