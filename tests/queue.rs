@@ -264,6 +264,7 @@ fn wake_lateness_ms(notify: bool, reconcile: Duration, ns: &str) -> Vec<f64> {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut cfg = QueueConfig::new(server.url(), ns);
     cfg.reconcile = reconcile;
+    cfg.lookahead = cfg.lookahead.max(reconcile + cfg.claim_margin);
     let fired: Fired = Arc::default();
     let consumers: Vec<Consumer> = (0..2)
         .map(|i| Consumer::start(cfg.clone(), recorder(&fired, i, "t")).unwrap())
@@ -361,6 +362,28 @@ fn poison_tasks_are_dead_lettered_with_reasons_and_the_consumer_goes_on() {
         rt.block_on(p.requeue("garbage")),
         Err(QueueError::NotAnEnvelope(_))
     ));
+    // Enqueued again under the same id: the dead letter cannot overwrite the new task.
+    let later = When::After(Duration::from_secs(3_600));
+    assert!(rt
+        .block_on(p.enqueue("lost-topic", "good", serde_json::json!("new"), later))
+        .unwrap());
+    assert!(matches!(
+        rt.block_on(p.requeue("lost-topic")),
+        Err(QueueError::StillPending(_))
+    ));
+    assert_eq!(rt.block_on(p.depth()).unwrap().queued, 1);
+    // Garbage on the wake-up channel (any client may publish there) is ignored.
+    for junk in ["18446744073709551615", "-1", "not a number"] {
+        redis::cmd("PUBLISH")
+            .arg("{poison}:wake")
+            .arg(junk)
+            .query::<()>(&mut conn)
+            .unwrap();
+    }
+    enqueue_all(&rt, &p, "good", vec![("after-junk".into(), now_ms() + 100)]);
+    wait_until("a task after junk wake-ups", || {
+        fired.lock().contains_key("after-junk")
+    });
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
@@ -454,6 +477,12 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
     bad.shards = 0;
     assert!(matches!(
         Consumer::start(bad, Handlers::new()),
+        Err(QueueError::Config(_))
+    ));
+    let mut bad = cfg.clone();
+    bad.reconcile = bad.lookahead;
+    assert!(matches!(
+        rt.block_on(Producer::connect(bad)),
         Err(QueueError::Config(_))
     ));
     let mut bad = cfg;
@@ -661,4 +690,88 @@ fn the_queue_spreads_over_a_redis_cluster() {
     for c in consumers {
         c.shutdown(Duration::from_secs(5)).unwrap();
     }
+}
+
+#[test]
+fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
+    let server = RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg = QueueConfig::new(server.url(), "queued");
+    cfg.handler_threads = 1;
+    let p = producer(&rt, &cfg);
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handlers = {
+        let runs = runs.clone();
+        Handlers::new().on("job", move |t| {
+            runs.lock().push(t.id.clone());
+            std::thread::sleep(Duration::from_millis(100));
+            Ok(())
+        })
+    };
+    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    let due = now_ms() + 300;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..10).map(|i| (format!("q{i}"), due)).collect(),
+    );
+    wait_until("the first handler", || !runs.lock().is_empty());
+    // Nine tasks have fired and wait for the one handler thread.
+    c.shutdown(Duration::from_secs(10)).unwrap();
+    let mut runs = runs.lock().clone();
+    runs.sort();
+    runs.dedup();
+    assert_eq!(runs.len(), 10, "queued tasks were dropped at shutdown");
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!(
+        (depth.queued, depth.leased),
+        (0, 0),
+        "left leased: {depth:?}"
+    );
+}
+
+#[test]
+fn a_reclaimed_id_fires_once_with_its_newest_version() {
+    let server = RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg = QueueConfig::new(server.url(), "reclaim");
+    cfg.reconcile = Duration::from_millis(100);
+    let mut quiet = cfg.clone();
+    quiet.notify = false; // the replacement gets no wake-up: the next reconcile claims it
+    let p = producer(&rt, &quiet);
+    let seen: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let handlers = {
+        let seen = seen.clone();
+        Handlers::new().on("job", move |t| {
+            seen.lock().push(t.payload.clone());
+            Ok(())
+        })
+    };
+    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    let envelope = |payload: i32, due_at: u64| delaywheel::redis::Envelope {
+        id: "x".into(),
+        topic: "job".into(),
+        payload: serde_json::json!(payload),
+        attempt: 0,
+        created_at: now_ms(),
+        due_at,
+    };
+    let due = now_ms() + 1_000;
+    assert!(rt
+        .block_on(p.enqueue_envelope(envelope(1, due), false))
+        .unwrap());
+    wait_until("the claim", || c.held() == 1);
+    assert!(rt
+        .block_on(p.enqueue_envelope(envelope(2, due + 100), true))
+        .unwrap());
+    wait_until("the second claim", || c.stats().claimed == 2);
+    wait_until("the delivery", || !seen.lock().is_empty());
+    wait_until("its ack", || c.stats().acked == 1);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(*seen.lock(), vec![serde_json::json!(2)]);
+    assert_eq!(c.stats().refused, 0);
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0));
+    c.shutdown(Duration::from_secs(5)).unwrap();
 }

@@ -35,6 +35,13 @@ impl OwnedRuntime {
     pub(crate) fn new(rt: tokio::runtime::Runtime) -> OwnedRuntime {
         OwnedRuntime(Some(rt))
     }
+
+    /// Stops without waiting for anything (an abort).
+    pub(crate) fn shutdown_background(mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::ops::Deref for OwnedRuntime {

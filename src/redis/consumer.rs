@@ -25,7 +25,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
-use super::blocking::{stop_runtime, wait_on};
+use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::Envelope;
 use super::layout::KeyLayout;
 use super::persistent::now_ms;
@@ -163,7 +163,7 @@ struct Shared {
 pub struct Consumer {
     shared: Arc<Shared>,
     timer: Timer<Claimed>,
-    rt: Option<tokio::runtime::Runtime>,
+    rt: Option<OwnedRuntime>,
     stop: watch::Sender<bool>,
     loops: Vec<tokio::task::JoinHandle<()>>,
     resolver: Option<tokio::task::JoinHandle<()>>,
@@ -191,12 +191,15 @@ impl Consumer {
     /// namespace, an unreachable Redis, no threads.
     pub fn start(cfg: QueueConfig, handlers: Handlers) -> Result<Consumer, QueueError> {
         let shards = cfg.check()?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("delaywheel-queue")
-            .enable_all()
-            .build()
-            .map_err(|e| QueueError::Spawn(e.to_string()))?;
+        // Owned so that an early return drops it safely, even from async code.
+        let rt = OwnedRuntime::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("delaywheel-queue")
+                .enable_all()
+                .build()
+                .map_err(|e| QueueError::Spawn(e.to_string()))?,
+        );
         let open_cfg = cfg.clone();
         let conn = wait_on(&rt, async move { Conn::open(&open_cfg).await })
             .ok_or(QueueError::Spawn("the runtime stopped".into()))??;
@@ -298,28 +301,93 @@ impl Consumer {
 
     /// Stops claiming, hands every claimed task that has not fired back to the queue at once
     /// (another consumer fires it at its due time, without waiting for the lease), lets
-    /// running handlers finish for up to `timeout`, sends their acks, and stops. Returns how
-    /// many tasks were handed back; `Err` if Redis could not take them back (their leases
-    /// expire and the reaper returns them instead).
+    /// running and queued handlers finish within `timeout` (in all), sends their acks, and
+    /// stops. Returns how many tasks were handed back; `Err` if Redis could not take them
+    /// back (their leases expire and the reaper returns them instead).
     pub fn shutdown(mut self, timeout: Duration) -> Result<usize, QueueError> {
+        let deadline = std::time::Instant::now() + timeout;
         let _ = self.stop.send(true);
-        let rt = self.rt.take().expect("the runtime lives until shutdown");
+        let Some(rt) = self.rt.take() else {
+            return Ok(0);
+        };
         for l in self.loops.drain(..) {
             let _ = wait_on(&rt, l);
         }
-        // Take every unfired task out of the wheel; what is left in `held` fired meanwhile.
-        let mut back: HashMap<u32, Vec<(String, Arc<str>, u64)>> = HashMap::new();
-        {
-            let mut held = self.shared.held.lock();
-            for ((shard, id), (timer, owner, due)) in held.drain() {
-                if self.timer.cancel(timer).is_some() {
-                    back.entry(shard).or_default().push((id, owner, due));
+        // Take every unfired task out of the wheel. Entries whose timer already fired stay:
+        // their handlers run (or wait in the pool's queue) and settle them.
+        let mut back = Vec::new();
+        self.shared
+            .held
+            .lock()
+            .retain(|(shard, id), (timer, owner, due)| {
+                if self.timer.cancel(*timer).is_some() {
+                    back.push((*shard, id.clone(), owner.clone(), *due));
+                    false
+                } else {
+                    true
                 }
+            });
+        let (mut given, mut failure) = self.give_back(&rt, back);
+        // Handlers finish within the timeout; expirations the timer could not hand to them
+        // come back from its shutdown and are handed back to the queue too.
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let timer = self.timer.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(timer.shutdown());
+        });
+        match done_rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(undelivered) => {
+                let rest: Vec<_> = {
+                    let mut held = self.shared.held.lock();
+                    undelivered
+                        .into_iter()
+                        .filter_map(|p| {
+                            let c = p.value;
+                            let (_, owner, due) = held.remove(&(c.shard, c.envelope.id.clone()))?;
+                            Some((c.shard, c.envelope.id, owner, due))
+                        })
+                        .collect()
+                };
+                let (g, f) = self.give_back(&rt, rest);
+                given += g;
+                failure = failure.or(f);
             }
+            Err(_) => tracing::warn!(
+                consumer = %self.shared.id,
+                ?timeout,
+                "handlers still running at shutdown; their tasks' leases will expire"
+            ),
         }
-        let mut given = 0usize;
-        let mut failure = None;
-        for (shard, tasks) in back {
+        self.shared.counters.given_back.store(given as u64, Relaxed);
+        if let Some(f) = self.finish.take() {
+            let _ = f.send(());
+        }
+        if let Some(r) = self.resolver.take() {
+            let left = deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .max(Duration::from_millis(100));
+            let _ = wait_on(&rt, async move { tokio::time::timeout(left, r).await });
+        }
+        drop(rt);
+        tracing::debug!(consumer = %self.shared.id, given_back = given, "queue consumer stopped");
+        match failure {
+            None => Ok(given),
+            Some(e) => Err(QueueError::Store(e.into())),
+        }
+    }
+
+    /// Hands claimed tasks `(shard, id, owner, due)` back to the queue, 500 per script call.
+    fn give_back(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        tasks: Vec<(u32, String, Arc<str>, u64)>,
+    ) -> (usize, Option<redis::RedisError>) {
+        let mut by_shard: HashMap<u32, Vec<(String, Arc<str>, u64)>> = HashMap::new();
+        for (shard, id, owner, due) in tasks {
+            by_shard.entry(shard).or_default().push((id, owner, due));
+        }
+        let (mut given, mut failure) = (0, None);
+        for (shard, tasks) in by_shard {
             let keys = &self.shared.shards[shard as usize];
             for chunk in tasks.chunks(500) {
                 let mut inv = scripts::GIVE_BACK.prepare_invoke();
@@ -332,71 +400,61 @@ impl Consumer {
                     inv.arg(id.as_str()).arg(&**owner).arg(*due);
                 }
                 let conn = self.shared.conn.clone();
-                match wait_on(&rt, async move { conn.run::<u64>(&inv).await }) {
+                match wait_on(rt, async move { conn.run::<u64>(&inv).await }) {
                     Some(Ok(n)) => given += n as usize,
                     Some(Err(e)) => failure = Some(e),
                     None => {}
                 }
             }
         }
-        self.shared.counters.given_back.store(given as u64, Relaxed);
-        // Running (and queued) handlers finish within the timeout.
-        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        let timer = self.timer.clone();
-        std::thread::spawn(move || {
-            drop(timer.shutdown());
-            let _ = done_tx.send(());
-        });
-        if done_rx.recv_timeout(timeout).is_err() {
-            tracing::warn!(consumer = %self.shared.id, ?timeout, "handlers still running at shutdown; their tasks' leases will expire");
-        }
-        if let Some(f) = self.finish.take() {
-            let _ = f.send(());
-        }
-        if let Some(r) = self.resolver.take() {
-            let _ = wait_on(&rt, async move { tokio::time::timeout(timeout, r).await });
-        }
-        stop_runtime(rt, Duration::from_millis(100));
-        tracing::debug!(consumer = %self.shared.id, given_back = given, "queue consumer stopped");
-        match failure {
-            None => Ok(given),
-            Some(e) => Err(QueueError::Store(e.into())),
-        }
+        (given, failure)
     }
 
-    /// Stops at once, as a crash would: no hand-back, no pending acks sent, fired tasks not
-    /// run. Other consumers' reapers return its claimed tasks once their leases expire.
+    /// Stops at once, as a crash would: no hand-back, no acks sent, fired tasks not run, and
+    /// nothing waited for (a stuck handler is left to finish on its own). Other consumers'
+    /// reapers return its claimed tasks once their leases expire.
     pub fn abort(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
         self.shared.aborted.store(true, SeqCst);
         let _ = self.stop.send(true);
-        drop(self.timer.shutdown());
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
+        let timer = self.timer.clone();
+        let _ = std::thread::Builder::new()
+            .name("delaywheel-queue-halt".into())
+            .spawn(move || drop(timer.shutdown()));
     }
 }
 
 impl Drop for Consumer {
+    /// Dropped without [`shutdown`](Consumer::shutdown): the same as
+    /// [`abort`](Consumer::abort) (handlers whose acks could not be sent are not run).
     fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            // Dropped without `shutdown`: stop without handing back (leases expire).
-            let _ = self.stop.send(true);
-            drop(self.timer.shutdown());
-            stop_runtime(rt, Duration::from_millis(100));
+        if self.rt.is_some() {
+            self.halt();
         }
     }
 }
 
 /// Runs on a handler thread when a claimed task's timer fires.
 fn fire(shared: &Shared, c: Claimed) {
-    if shared.aborted.load(SeqCst)
-        || shared
-            .held
-            .lock()
-            .remove(&(c.shard, c.envelope.id.clone()))
-            .is_none()
+    if shared.aborted.load(SeqCst) {
+        return; // "crashing"
+    }
     {
-        return; // handed back at shutdown, or the process is "crashing"
+        let mut held = shared.held.lock();
+        let key = (c.shard, c.envelope.id.clone());
+        match held.get(&key) {
+            // Only the claim this timer belongs to: the id may have been claimed again since.
+            Some((_, owner, _)) if **owner == *c.owner => {
+                held.remove(&key);
+            }
+            _ => return, // handed back at shutdown, or superseded by a newer claim
+        }
     }
     let late_us = now_us().saturating_sub(c.envelope.due_at.saturating_mul(1_000));
     let _ = shared.lateness.lock().record(late_us.max(1));
@@ -468,7 +526,10 @@ async fn claim_loop(
                 // sooner anyway.
                 let at_ms = due.saturating_sub(cfg.claim_margin.as_millis() as u64);
                 let wait = Duration::from_millis(at_ms.saturating_sub(now_ms()));
-                next = next.min(tokio::time::Instant::now() + wait);
+                // Any publisher may write to the channel: a far-off time is just ignored.
+                if let Some(at) = tokio::time::Instant::now().checked_add(wait) {
+                    next = next.min(at);
+                }
                 continue;
             }
             _ = stop.changed() => return,
@@ -571,7 +632,10 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
         };
         match timer.schedule(claimed, delay) {
             Ok(t) => {
-                held.insert((shard, id), (t, owner.clone(), due));
+                // Claimed again (it was replaced and re-queued): the newer claim wins.
+                if let Some((old, _, _)) = held.insert((shard, id), (t, owner.clone(), due)) {
+                    timer.cancel(old);
+                }
             }
             Err(_) => return Ok(n), // shutting down: the lease brings it back
         }

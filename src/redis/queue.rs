@@ -94,7 +94,7 @@ pub struct QueueConfig {
     /// A consumer claims the tasks due within this window ahead (default 2 s).
     pub lookahead: Duration,
     /// A consumer claims at least this often, notified or not (default 1 s): a lost
-    /// notification delays a task by at most this much.
+    /// notification delays a task by at most this much. At most `lookahead − claim_margin`.
     pub reconcile: Duration,
     /// A notified consumer claims this long before the task is due (default 20 ms).
     pub claim_margin: Duration,
@@ -165,6 +165,12 @@ impl QueueConfig {
                 "reconcile, reaper_interval and lease must be positive",
             ));
         }
+        if self.lookahead < self.reconcile + self.claim_margin {
+            // Otherwise a task with no wake-up could fall between two claims' windows.
+            return Err(QueueError::Config(
+                "lookahead must be at least reconcile + claim_margin",
+            ));
+        }
         if let Some(a) = &self.assigned_shards {
             if a.is_empty() || a.iter().any(|&s| s >= self.shards) {
                 return Err(QueueError::Config(
@@ -225,6 +231,8 @@ pub enum QueueError {
     Envelope(EnvelopeError, Box<Envelope>),
     /// A dead-lettered entry is not a task envelope, so it cannot be requeued.
     NotAnEnvelope(String),
+    /// A dead-lettered task cannot be requeued: a task with the same id is pending.
+    StillPending(String),
     /// The consumer could not start its threads.
     Spawn(String),
 }
@@ -238,6 +246,9 @@ impl fmt::Display for QueueError {
             QueueError::Envelope(e, _) => e.fmt(f),
             QueueError::NotAnEnvelope(id) => {
                 write!(f, "dead-lettered entry {id} holds no task envelope")
+            }
+            QueueError::StillPending(id) => {
+                write!(f, "task {id} is pending again; its dead letter stays")
             }
             QueueError::Spawn(e) => write!(f, "could not start the consumer: {e}"),
         }
@@ -481,7 +492,8 @@ impl Producer {
 
     /// Moves dead-lettered task `id` back to the queue, due now, with its attempts reset.
     /// `Ok(false)` if it is not dead-lettered; [`QueueError::NotAnEnvelope`] if what was
-    /// dead-lettered is not a task envelope (it stays where it is).
+    /// dead-lettered is not a task envelope, [`QueueError::StillPending`] if a task with the
+    /// same id was enqueued since (both leave everything as it is).
     pub async fn requeue(&self, id: &str) -> Result<bool, QueueError> {
         let keys = self.keys(id);
         let mut conn = self.conn.conn.clone();
@@ -511,7 +523,11 @@ impl Producer {
             .arg(bytes)
             .arg(envelope.due_at)
             .arg(self.cfg.channel());
-        Ok(self.conn.run::<i64>(&inv).await? == 1)
+        match self.conn.run::<i64>(&inv).await? {
+            1 => Ok(true),
+            -1 => Err(QueueError::StillPending(id.to_string())),
+            _ => Ok(false),
+        }
     }
 
     /// Queued (not claimed), claimed, and dead-lettered tasks, over all shards.

@@ -13,12 +13,16 @@ use super::task_store::TaskStore;
 
 /// A multiplexed connection that reconnects by itself. A failed (re)connection is retried
 /// twice, within half a second, before the error is returned: the callers (the flusher, the
-/// consumer loops) have their own backoff, and a wrong password should fail fast.
+/// consumer loops) have their own backoff, and a wrong password should fail fast. Replies may
+/// take up to 10 s.
 pub(crate) async fn connection_manager(url: &str) -> Result<ConnectionManager, redis::RedisError> {
     let client = redis::Client::open(url)?;
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_number_of_retries(2)
-        .set_max_delay(std::time::Duration::from_millis(200));
+        .set_max_delay(std::time::Duration::from_millis(200))
+        // A claim of 500 large envelopes can be a reply of megabytes: do not give up on it
+        // after the default 500 ms while the script has already run.
+        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
     client.get_connection_manager_with_config(config).await
 }
 
