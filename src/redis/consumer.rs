@@ -460,6 +460,7 @@ fn fire(shared: &Shared, c: Claimed) {
     let _ = shared.lateness.lock().record(late_us.max(1));
     metrics::histogram!("delaywheel_queue_lateness_seconds").record(late_us as f64 / 1e6);
     shared.counters.fired.fetch_add(1, Relaxed);
+    metrics::counter!("delaywheel_queue_fired_total").increment(1);
     let result = match shared.handlers.map.get(&c.envelope.topic) {
         Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h(&c.envelope)))
             .unwrap_or_else(|_| Err("handler panicked".into())),
@@ -727,6 +728,11 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                     metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
                 }
                 Err(e) => tracing::debug!(error = %e, "reaper: redis unavailable"),
+            }
+            let fired = shared.counters.fired.load(Relaxed);
+            if fired > 0 {
+                metrics::gauge!("delaywheel_queue_commands_per_fired_task")
+                    .set(shared.conn.commands.load(Relaxed) as f64 / fired as f64);
             }
             if let Ok(d) = sample_depth(&shared.conn, keys).await {
                 let shard = shard.to_string();

@@ -1,0 +1,132 @@
+//! The metrics the engine and the Redis layer publish through the `metrics` facade, read back
+//! from a debugging recorder. (One test in its own binary: the recorder is process-global.)
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use delaywheel::redis::{
+    now_ms, Consumer, Handlers, PersistConfig, Persistent, Producer, QueueConfig, When,
+};
+use delaywheel::Timer;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+/// name → (counter total, last gauge, histogram samples) over all label sets, accumulated
+/// across snapshots (the debugging recorder hands counters and histograms out as deltas).
+#[derive(Default)]
+struct Seen(HashMap<String, (u64, f64, usize)>);
+
+impl Seen {
+    fn read(
+        &mut self,
+        snapshotter: &metrics_util::debugging::Snapshotter,
+    ) -> &HashMap<String, (u64, f64, usize)> {
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let e = self.0.entry(key.key().name().to_string()).or_default();
+            match value {
+                DebugValue::Counter(c) => e.0 += c,
+                DebugValue::Gauge(g) => e.1 = g.into_inner(),
+                DebugValue::Histogram(h) => e.2 += h.len(),
+            }
+        }
+        &self.0
+    }
+}
+
+#[test]
+fn the_engine_persistence_and_queue_publish_their_metrics() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
+    let mut seen = Seen::default();
+
+    // The engine: stats() publishes counters, pending gauges and lateness.
+    let (timer, expired) = Timer::builder().build_channel(None).unwrap();
+    let a = timer.schedule(1u32, Duration::from_secs(60)).unwrap();
+    timer.schedule(2u32, Duration::from_millis(1)).unwrap();
+    timer.cancel(a);
+    expired.recv_timeout(Duration::from_secs(10)).unwrap();
+    timer.stats();
+    let m = seen.read(&snapshotter).clone();
+    assert_eq!(m["delaywheel_scheduled_total"].0, 2);
+    assert_eq!(m["delaywheel_cancelled_total"].0, 1);
+    assert_eq!(m["delaywheel_fired_total"].0, 1);
+    assert!(m.contains_key("delaywheel_pending"));
+    assert!(m.contains_key("delaywheel_lateness_p99_seconds"));
+
+    // Persistence: journal depth and lag, flushed operations, failures while Redis is down.
+    let mut server = redis_server::RedisServer::start();
+    let (p, _fired) = Persistent::start(PersistConfig::new(server.url(), "m")).unwrap();
+    for i in 0..10 {
+        p.schedule(
+            format!("t{i}"),
+            "t",
+            serde_json::Value::Null,
+            now_ms() + 60_000,
+        )
+        .unwrap();
+    }
+    assert!(p.flush(Duration::from_secs(30)));
+    server.kill();
+    p.schedule("down", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .unwrap();
+    assert!(!p.flush(Duration::from_millis(300)));
+    let m = seen.read(&snapshotter).clone();
+    assert_eq!(m["delaywheel_flushed_ops_total"].0, 10);
+    assert!(m["delaywheel_flush_failures_total"].0 >= 1);
+    assert!(m.contains_key("delaywheel_journal_depth"));
+    assert!(m["delaywheel_flush_lag_seconds"].1 >= 0.0);
+    server.restart();
+    assert!(p.flush(Duration::from_secs(30)));
+    assert_eq!(
+        seen.read(&snapshotter)["delaywheel_flushed_ops_total"].0,
+        11
+    );
+    drop(p);
+
+    // The queue: depth, leased, dead, claim batches, lateness, commands per fired task.
+    let mut cfg = QueueConfig::new(server.url(), "mq");
+    cfg.reaper_interval = Duration::from_millis(50);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let producer = rt.block_on(Producer::connect(cfg.clone())).unwrap();
+    let c = Consumer::start(cfg, Handlers::new().on("job", |_| Ok(()))).unwrap();
+    for i in 0..20 {
+        rt.block_on(producer.enqueue(
+            format!("j{i}"),
+            "job",
+            serde_json::Value::Null,
+            When::After(Duration::from_millis(100)),
+        ))
+        .unwrap();
+    }
+    let start = Instant::now();
+    while c.stats().acked < 20 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "tasks did not fire"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200)); // a reaper round samples the depth
+    let m = seen.read(&snapshotter).clone();
+    assert_eq!(m["delaywheel_queue_fired_total"].0, 20);
+    assert_eq!(m["delaywheel_queue_lateness_seconds"].2, 20);
+    assert!(m["delaywheel_queue_claim_batch"].2 >= 1);
+    assert!(m["delaywheel_queue_redis_commands_total"].0 >= 20); // the enqueues and more
+    let per_task = m["delaywheel_queue_commands_per_fired_task"].1;
+    assert!(per_task > 0.0 && per_task < 100.0, "{per_task}");
+    for gauge in [
+        "delaywheel_queue_depth",
+        "delaywheel_queue_leased",
+        "delaywheel_queue_dead",
+    ] {
+        assert!(m.contains_key(gauge), "{gauge} missing");
+    }
+    assert_eq!(m["delaywheel_queue_depth"].1, 0.0);
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
