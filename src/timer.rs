@@ -8,8 +8,10 @@
 //!   a caller's [`Timer::fire_due`]; `Core::turn_buf` is that turn's lock and scratch buffer.
 //! * The wake handshake: a producer that inserts a timer due before `next_wake` unparks the
 //!   driver. The driver sets `next_wake` to `u64::MAX` *before* it scans the shards and to the
-//!   earliest deadline it found *after*, so an insert it did not see always unparks it, and an
-//!   unpark that comes before it parks makes that park return at once (thread park tokens).
+//!   earliest deadline it found *after*, so an insert it did not see always wakes it. The wake
+//!   is the `woken` flag, set before the unpark and checked (and cleared) by the driver right
+//!   before it parks: the park token alone is not enough, because a delivery blocked on a full
+//!   channel parks the driver thread inside crossbeam, which consumes the token.
 
 use std::cell::Cell;
 use std::fmt;
@@ -75,6 +77,8 @@ pub(crate) struct Core<T> {
     clock: Clock,
     /// See the ground rules.
     next_wake: AtomicU64,
+    /// Set by a producer that wakes the driver; see the ground rules.
+    woken: AtomicBool,
     driver: OnceLock<Thread>,
     stopping: AtomicBool,
     stopped: AtomicBool,
@@ -134,6 +138,7 @@ impl<T> Core<T> {
     #[inline]
     fn wake_for(&self, tick: u64) {
         if tick < self.next_wake.load(SeqCst) {
+            self.woken.store(true, SeqCst);
             if let Some(driver) = self.driver.get() {
                 driver.unpark();
             }
@@ -227,6 +232,12 @@ fn drive<T>(core: Arc<Core<T>>) {
         let (_, next) = core.turn();
         if core.stopping.load(SeqCst) {
             break;
+        }
+        // A producer that inserted after the scan set `woken`. Its unpark may have been
+        // swallowed by a delivery that blocked (crossbeam parks this thread too): the flag is
+        // what counts. One that inserts after this check still unparks a park to come.
+        if core.woken.swap(false, SeqCst) {
+            continue;
         }
         match next {
             None => std::thread::park(),
@@ -599,6 +610,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
             ticks: Ticks::new(origin, self.tick),
             clock: self.clock.clone(),
             next_wake: AtomicU64::new(u64::MAX),
+            woken: AtomicBool::new(false),
             driver: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stopped: AtomicBool::new(false),

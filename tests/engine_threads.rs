@@ -114,6 +114,33 @@ fn a_full_bounded_channel_applies_backpressure_and_drops_nothing() {
     assert!(rx.recv_timeout(20 * MS).is_err());
 }
 
+/// Regression: a timer scheduled while the driver is blocked on a full channel must still
+/// fire. The producer's unpark reaches the driver while it is parked *inside* crossbeam's
+/// blocking send, which swallows the token; the driver then finished its turn with "nothing
+/// pending" and parked for good. The `woken` flag is what carries the wake-up now.
+#[test]
+fn a_timer_scheduled_while_delivery_is_blocked_still_fires() {
+    for round in 0..5 {
+        let (timer, rx) = Timer::builder().shards(1).build_channel(Some(1)).unwrap();
+        for i in 0..3u32 {
+            timer.schedule(i, Duration::ZERO).unwrap();
+        }
+        std::thread::sleep(50 * MS); // the driver holds 2 and blocks on the full channel
+        assert_eq!(rx.len(), 1);
+        timer.schedule(99, 30 * MS).unwrap();
+        std::thread::sleep(20 * MS);
+        let mut got: Vec<u32> = (0..4)
+            .map(|_| {
+                rx.recv_timeout(PATIENCE)
+                    .unwrap_or_else(|_| panic!("round {round}: the late timer never fired"))
+                    .value
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got, [0, 1, 2, 99]);
+    }
+}
+
 #[test]
 fn shutdown_while_producers_run_loses_nothing() {
     let (timer, rx) = Timer::builder().shards(2).build_channel(Some(64)).unwrap();

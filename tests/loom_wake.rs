@@ -9,7 +9,7 @@
 //! removed (the bug the rule prevents) must fail, which shows the check can fail: a stale
 //! `next_wake` from the previous turn hides the new timer from the producer.
 
-use loom::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
@@ -25,9 +25,10 @@ fn model(publish_scanning: bool, producers: usize) {
         let shard = Arc::new(Mutex::new(vec![LATE]));
         // What the previous turn published: a timer due at 3 that has since been cancelled.
         let next_wake = Arc::new(AtomicU64::new(3));
+        let woken = Arc::new(AtomicBool::new(false));
 
         let driver = {
-            let (shard, next_wake) = (shard.clone(), next_wake.clone());
+            let (shard, next_wake, woken) = (shard.clone(), next_wake.clone(), woken.clone());
             thread::spawn(move || loop {
                 if publish_scanning {
                     next_wake.store(u64::MAX, SeqCst);
@@ -36,6 +37,9 @@ fn model(publish_scanning: bool, producers: usize) {
                 if earliest == Some(EARLY) {
                     return; // the driver has seen the new earliest timer: it will fire on time
                 }
+                if woken.swap(false, SeqCst) {
+                    continue;
+                }
                 next_wake.store(earliest.unwrap_or(u64::MAX), SeqCst);
                 thread::park();
             })
@@ -43,11 +47,12 @@ fn model(publish_scanning: bool, producers: usize) {
 
         let handles: Vec<_> = (0..producers)
             .map(|_| {
-                let (shard, next_wake) = (shard.clone(), next_wake.clone());
+                let (shard, next_wake, woken) = (shard.clone(), next_wake.clone(), woken.clone());
                 let driver = driver.thread().clone();
                 thread::spawn(move || {
                     shard.lock().unwrap().push(EARLY);
                     if EARLY < next_wake.load(SeqCst) {
+                        woken.store(true, SeqCst);
                         driver.unpark();
                     }
                 })

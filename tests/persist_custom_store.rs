@@ -9,17 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use delaywheel::redis::{
-    now_ms, Broken, Envelope, Op, Page, PersistConfig, Persistent, StoreError, TaskStore,
+    now_ms, Broken, Op, PersistConfig, Persistent, Row, Rows, StoreError, TaskStore,
 };
 use parking_lot::Mutex;
 
 /// id → (due_at, encoded envelope).
-type Rows = BTreeMap<String, (u64, Vec<u8>)>;
+type Table = BTreeMap<String, (u64, Vec<u8>)>;
 
 /// `down` makes every call fail.
 #[derive(Clone, Default)]
 struct MemStore {
-    rows: Arc<Mutex<Rows>>,
+    table: Arc<Mutex<Table>>,
     down: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
 }
@@ -34,14 +34,14 @@ impl MemStore {
     }
 
     fn ids(&self) -> HashSet<String> {
-        self.rows.lock().keys().cloned().collect()
+        self.table.lock().keys().cloned().collect()
     }
 }
 
 impl TaskStore for MemStore {
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
         let result = self.check().map(|()| {
-            let mut rows = self.rows.lock();
+            let mut rows = self.table.lock();
             for op in ops {
                 match op {
                     Op::Upsert {
@@ -60,21 +60,23 @@ impl TaskStore for MemStore {
         async move { result }
     }
 
-    fn page(
+    fn rows(
         &self,
         cursor: u64,
         count: usize,
-    ) -> impl Future<Output = Result<Page, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Rows, StoreError>> + Send {
         let result = self.check().map(|()| {
-            let rows = self.rows.lock();
-            let mut page = Page::default();
-            for (_, (due, raw)) in rows.iter().skip(cursor as usize).take(count) {
-                let mut e = Envelope::decode(raw).expect("this store holds only good rows");
-                e.due_at = *due;
-                page.tasks.push(e);
+            let stored = self.table.lock();
+            let mut page = Rows::default();
+            for (id, (due, raw)) in stored.iter().skip(cursor as usize).take(count) {
+                page.rows.push(Row {
+                    id: id.clone(),
+                    due: due.to_string(),
+                    envelope: Some(raw.clone()),
+                });
             }
-            let next = cursor as usize + page.tasks.len();
-            page.next = if next >= rows.len() { 0 } else { next as u64 };
+            let next = cursor as usize + page.rows.len();
+            page.next = if next >= stored.len() { 0 } else { next as u64 };
             page
         });
         async move { result }
@@ -93,7 +95,7 @@ impl TaskStore for MemStore {
 
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
         let result = self.check().map(|()| {
-            let mut rows = self.rows.lock();
+            let mut rows = self.table.lock();
             rows.clear();
             for op in tasks {
                 if let Op::Upsert {

@@ -72,9 +72,13 @@ fn tasks_survive_a_restart_and_fire_once_each_not_before_due() {
     assert_eq!((report.loaded, report.dead_lettered), (n as usize, 0));
     let mut seen = HashSet::new();
     for _ in 0..n {
-        let task = fired
-            .recv_timeout(PATIENCE)
-            .expect("a restored task never fired");
+        let task = fired.recv_timeout(PATIENCE).unwrap_or_else(|e| {
+            panic!(
+                "a restored task never fired after {} ({e}); {} held",
+                seen.len(),
+                second.len()
+            )
+        });
         assert!(
             now_ms() >= task.due_at,
             "{} fired before its due time",

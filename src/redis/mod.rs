@@ -78,5 +78,5 @@ pub use persistent::{
 pub use queue::{
     shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy, When,
 };
-pub use store::{Broken, BrokenReason, Op, Page, RedisStore, StoreError};
+pub use store::{Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError};
 pub use task_store::TaskStore;

@@ -509,14 +509,14 @@ impl<S: TaskStore> Persistent<S> {
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
         let mut report = RestoreReport::default();
         let mut overdue = 0u64;
-        // A fetcher task reads (and decodes) the next pages while this thread loads the
-        // current one into the wheel.
+        // A fetcher task reads the next pages while this thread decodes the current one and
+        // loads it into the wheel.
         let (tx, pages) = tokio::sync::mpsc::channel(2);
         let store = self.store.clone();
         let fetcher = self.rt.spawn(async move {
             let mut cursor = 0;
             loop {
-                let page = store.page(cursor, page_size).await;
+                let page = store.rows(cursor, page_size).await;
                 let next = page.as_ref().map_or(0, |p| p.next);
                 if tx.send(page).await.is_err() || next == 0 {
                     return;
@@ -536,7 +536,7 @@ impl<S: TaskStore> Persistent<S> {
             pages = Some(rx);
             page
         }) {
-            let page = page.map_err(PersistError::Store)?;
+            let page = page.map_err(PersistError::Store)?.classify();
             if !page.broken.is_empty() {
                 let (store, broken) = (self.store.clone(), page.broken.clone());
                 wait_on(&self.rt, async move {
@@ -672,6 +672,10 @@ impl<S: TaskStore> Drop for Persistent<S> {
 /// Runs on the callback worker when a task's timer fires: hand the envelope to the consumer,
 /// keep the entry (it is still in Redis) until it is acknowledged.
 fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
+    if inner.stopping.load(SeqCst) {
+        // Shutting down: the task stays in Redis; do not wait on a consumer that may be gone.
+        return;
+    }
     let envelope = {
         let mut index = inner.index.lock();
         match index.get_mut(id) {

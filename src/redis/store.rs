@@ -112,6 +112,61 @@ pub struct Broken {
     pub reason: BrokenReason,
 }
 
+/// One stored task as a store holds it, before it is decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// The task id.
+    pub id: String,
+    /// The due time as stored (a Redis score, a column): an integer of ms since the epoch.
+    pub due: String,
+    /// The encoded envelope, or `None` when the store has no envelope for the id.
+    pub envelope: Option<Vec<u8>>,
+}
+
+/// One page of stored rows, and where to continue (0 = done).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rows {
+    /// The cursor for the next page; 0 when the scan is complete.
+    pub next: u64,
+    /// The rows.
+    pub rows: Vec<Row>,
+}
+
+impl Rows {
+    /// Decodes the rows, sorting out those with no envelope, an undecodable one, or a due time
+    /// that is not an integer in `0..=2^53 − 1`. The stored due time is authoritative.
+    pub fn classify(self) -> Page {
+        let mut page = Page {
+            next: self.next,
+            ..Page::default()
+        };
+        for Row { id, due, envelope } in self.rows {
+            let due_ms = due
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.fract() == 0.0 && *s >= 0.0 && *s <= MAX_DUE_MS as f64);
+            let reason = match (due_ms, &envelope) {
+                (None, _) => BrokenReason::BadScore(due),
+                (Some(_), None) => BrokenReason::MissingEnvelope,
+                (Some(due_ms), Some(bytes)) => match Envelope::decode(bytes) {
+                    Ok(mut env) => {
+                        env.due_at = due_ms as u64;
+                        page.tasks.push(env);
+                        continue;
+                    }
+                    Err(e) => BrokenReason::Undecodable(e.to_string()),
+                },
+            };
+            page.broken.push(Broken {
+                id,
+                raw: envelope,
+                reason,
+            });
+        }
+        page
+    }
+}
+
 /// One page of a scan: usable tasks, broken entries, and where to continue (0 = done).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Page {
@@ -200,10 +255,17 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Reads one page of about `count` entries, starting at `cursor` (0 to begin). Never one
-    /// giant reply: ZSCAN pages the ZSET and HMGET fetches that page's envelopes. A scan may
-    /// return an entry twice if the set changes meanwhile (callers dedupe by id).
+    /// Reads one page of about `count` entries, starting at `cursor` (0 to begin), decoded
+    /// and sorted out: [`rows`](Self::rows) then [`Rows::classify`].
     pub async fn page(&self, cursor: u64, count: usize) -> Result<Page, StoreError> {
+        Ok(self.rows(cursor, count).await?.classify())
+    }
+
+    /// Reads one page of about `count` stored rows, starting at `cursor` (0 to begin), as
+    /// stored. Never one giant reply: ZSCAN pages the ZSET and HMGET fetches that page's
+    /// envelopes. A scan may return an entry twice if the set changes meanwhile (callers
+    /// dedupe by id).
+    pub async fn rows(&self, cursor: u64, count: usize) -> Result<Rows, StoreError> {
         let mut conn = self.conn.clone();
         let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
             .arg(self.keys.due())
@@ -212,51 +274,27 @@ impl RedisStore {
             .arg(count.max(1))
             .query_async(&mut conn)
             .await?;
-        let pairs: Vec<(String, String)> = flat
-            .chunks_exact(2)
-            .map(|p| (p[0].clone(), p[1].clone()))
-            .collect();
-        let mut page = Page {
+        let mut rows = Rows {
             next,
-            ..Page::default()
+            rows: Vec::with_capacity(flat.len() / 2),
         };
-        if pairs.is_empty() {
-            return Ok(page);
+        if flat.is_empty() {
+            return Ok(rows);
         }
-        let ids: Vec<&str> = pairs.iter().map(|(id, _)| id.as_str()).collect();
+        let ids: Vec<&str> = flat.iter().step_by(2).map(String::as_str).collect();
         let raws: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
             .arg(self.keys.tasks())
             .arg(&ids)
             .query_async(&mut conn)
             .await?;
-        for ((id, score), raw) in pairs.into_iter().zip(raws) {
-            let due = score
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.fract() == 0.0 && *s >= 0.0 && *s <= MAX_DUE_MS as f64);
-            let broken = |reason, raw| Broken {
-                id: id.clone(),
-                raw,
-                reason,
+        let mut flat = flat.into_iter();
+        for envelope in raws {
+            let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
+                break;
             };
-            match (due, raw) {
-                (None, raw) => page.broken.push(broken(BrokenReason::BadScore(score), raw)),
-                (Some(_), None) => page
-                    .broken
-                    .push(broken(BrokenReason::MissingEnvelope, None)),
-                (Some(due), Some(bytes)) => match Envelope::decode(&bytes) {
-                    Ok(mut env) => {
-                        env.due_at = due as u64;
-                        page.tasks.push(env);
-                    }
-                    Err(e) => page.broken.push(broken(
-                        BrokenReason::Undecodable(e.to_string()),
-                        Some(bytes),
-                    )),
-                },
-            }
+            rows.rows.push(Row { id, due, envelope });
         }
-        Ok(page)
+        Ok(rows)
     }
 
     /// Moves broken entries to the dead-letter hash with their reason, the raw bytes and the
@@ -354,12 +392,12 @@ impl TaskStore for RedisStore {
         RedisStore::apply(self, ops)
     }
 
-    fn page(
+    fn rows(
         &self,
         cursor: u64,
         count: usize,
-    ) -> impl Future<Output = Result<Page, StoreError>> + Send {
-        RedisStore::page(self, cursor, count)
+    ) -> impl Future<Output = Result<Rows, StoreError>> + Send {
+        RedisStore::rows(self, cursor, count)
     }
 
     fn dead_letter(

@@ -6,7 +6,7 @@
 
 use std::future::Future;
 
-use super::store::{Broken, Op, Page, StoreError};
+use super::store::{Broken, Op, Rows, StoreError};
 
 /// Where a [`Persistent`](super::Persistent) engine keeps its pending tasks.
 ///
@@ -17,13 +17,15 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// retries a batch whose reply was lost).
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Reads one page of about `count` tasks, starting at `cursor` (0 to begin; the returned
-    /// [`Page::next`] is 0 when done). A page may repeat an entry the scan already returned.
-    fn page(
+    /// Reads one page of about `count` stored rows, as stored, starting at `cursor` (0 to
+    /// begin; the returned [`Rows::next`] is 0 when done). A page may repeat a row the scan
+    /// already returned. The engine decodes them ([`Rows::classify`]), off the store's
+    /// connection, so reading the next page overlaps decoding this one.
+    fn rows(
         &self,
         cursor: u64,
         count: usize,
-    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Rows, StoreError>> + Send;
 
     /// Moves broken entries out of the live set into a dead-letter place, with their reason and
     /// the time `now_ms`.
