@@ -98,14 +98,8 @@ fn main() {
         args.scale = 3_600.0; // 30 min → 0.5 s
     }
     let scaled = |secs: f64| Duration::from_secs_f64(secs / args.scale);
-    let server = args
-        .redis
-        .is_none()
-        .then(redis_server::RedisServer::start_in_memory);
-    let url = args
-        .redis
-        .clone()
-        .unwrap_or_else(|| server.as_ref().expect("started").url());
+    // Kept alive until the end of main: a private server stops when dropped.
+    let (_server, url) = redis_server::RedisServer::given_or_private(args.redis.clone());
     let mut cfg = QueueConfig::new(url, "orders");
     cfg.retry = RetryPolicy {
         max_attempts: 5,

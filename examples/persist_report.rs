@@ -73,14 +73,8 @@ fn main() {
         args.tasks = 20_000;
         args.pairs = 5_000;
     }
-    let server = args
-        .redis
-        .is_none()
-        .then(redis_server::RedisServer::start_in_memory);
-    let url = args
-        .redis
-        .clone()
-        .unwrap_or_else(|| server.as_ref().expect("started").url());
+    // Kept alive until the end of main: a private server stops when dropped.
+    let (_server, url) = redis_server::RedisServer::given_or_private(args.redis.clone());
     let ns = "persist_report";
     redis::cmd("DEL")
         .arg(format!("{{{ns}}}:due"))

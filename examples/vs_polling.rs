@@ -321,14 +321,8 @@ fn main() {
     if args.smoke {
         (args.tasks, args.spread, args.max_delay) = (2_000, 2.0, 1.0);
     }
-    let server = args
-        .redis
-        .is_none()
-        .then(redis_server::RedisServer::start_in_memory);
-    let url = args
-        .redis
-        .clone()
-        .unwrap_or_else(|| server.as_ref().expect("started").url());
+    // Kept alive until the end of main: a private server stops when dropped.
+    let (_server, url) = redis_server::RedisServer::given_or_private(args.redis.clone());
     let work = workload(&args);
     let reports: Vec<Report> = ["note000-pop1-200ms", "note002-pop50-500ms", "delaywheel"]
         .into_iter()

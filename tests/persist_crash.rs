@@ -18,18 +18,6 @@ use redis_server::RedisServer;
 const PATIENCE: Duration = Duration::from_secs(60);
 const CHILD_URL: &str = "DELAYWHEEL_CHILD_REDIS_URL";
 
-fn members(server: &RedisServer, key: &str) -> HashSet<String> {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let all: Vec<String> = redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query(&mut conn)
-        .unwrap();
-    all.into_iter().collect()
-}
-
 /// The child of `write_through_acknowledged_ids_survive_a_sigkill_of_the_process`: schedules
 /// tasks in `WriteThrough` mode forever, printing each id once `schedule` has returned.
 #[test]
@@ -191,7 +179,7 @@ fn redis_sigkilled_mid_load_loses_nothing_while_the_wheel_keeps_firing() {
     );
     assert!(p.flush(PATIENCE), "the flusher did not catch up");
     assert_eq!(p.len(), long.len());
-    assert_eq!(members(&server, "{load}:due"), long);
+    assert_eq!(server.zset_members("{load}:due"), long);
     let client = redis::Client::open(server.url()).unwrap();
     let hlen: usize = redis::cmd("HLEN")
         .arg("{load}:tasks")

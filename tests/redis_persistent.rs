@@ -226,18 +226,6 @@ fn oversized_payloads_are_refused_with_the_envelope() {
     assert!(p.is_empty());
 }
 
-fn members(server: &RedisServer, key: &str) -> HashSet<String> {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let all: Vec<String> = redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query(&mut conn)
-        .unwrap();
-    all.into_iter().collect()
-}
-
 #[test]
 fn snapshot_makes_redis_match_memory_exactly_and_retries_while_redis_is_down() {
     let mut server = RedisServer::start();
@@ -254,7 +242,7 @@ fn snapshot_makes_redis_match_memory_exactly_and_retries_while_redis_is_down() {
     redis_int(&server, &["ZADD", "{snap}:due", "5", "ghost"]);
     redis_int(&server, &["HSET", "{snap}:tasks", "ghost", "{}"]);
     assert_eq!(p.snapshot(PATIENCE), Some(2_000));
-    assert_eq!(members(&server, "{snap}:due"), expected);
+    assert_eq!(server.zset_members("{snap}:due"), expected);
     assert_eq!(redis_int(&server, &["HLEN", "{snap}:tasks"]), 2_000);
 
     // With Redis down the snapshot does not complete, and the flusher keeps at it.
@@ -267,7 +255,7 @@ fn snapshot_makes_redis_match_memory_exactly_and_retries_while_redis_is_down() {
     assert_eq!(p.snapshot(Duration::from_millis(300)), None);
     server.restart();
     assert!(p.flush(PATIENCE));
-    assert_eq!(members(&server, "{snap}:due"), expected);
+    assert_eq!(server.zset_members("{snap}:due"), expected);
     assert_eq!(redis_int(&server, &["HLEN", "{snap}:tasks"]), 1_500);
 }
 

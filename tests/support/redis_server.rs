@@ -86,6 +86,32 @@ impl RedisServer {
         }
     }
 
+    /// The members of the ZSET `key`.
+    pub fn zset_members(&self, key: &str) -> std::collections::HashSet<String> {
+        let client = redis::Client::open(self.url()).expect("redis URL");
+        let mut conn = client.get_connection().expect("connect to redis-server");
+        let all: Vec<String> = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query(&mut conn)
+            .expect("ZRANGE");
+        all.into_iter().collect()
+    }
+
+    /// For examples: the Redis at `url` if one is given, else a private in-memory server
+    /// (returned too, so it lives as long as the caller keeps it) and its URL.
+    pub fn given_or_private(url: Option<String>) -> (Option<RedisServer>, String) {
+        match url {
+            Some(url) => (None, url),
+            None => {
+                let server = RedisServer::start_in_memory();
+                let url = server.url();
+                (Some(server), url)
+            }
+        }
+    }
+
     /// SIGKILLs the server: no shutdown, no final flush.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
