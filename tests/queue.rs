@@ -1,8 +1,11 @@
 //! The shared delay queue against a private `redis-server`: exactly-once firing over four
-//! consumers, crashed and stalled consumers, retries and the dead-letter store, wake-ups
-//! (kept and lost), poison tasks, graceful hand-back, and sharding.
+//! consumers, crashed and stalled consumers, retries and the dead-letter store,
+//! poison tasks, graceful hand-back, sharding, a Redis Cluster. (Wake-up latency is timed in
+//! `queue_wake.rs`, a binary of its own, so no other test competes for the two cores.)
 #![cfg(feature = "redis")]
 
+#[path = "support/queue_kit.rs"]
+mod queue_kit;
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
 #[path = "support/redis_server.rs"]
@@ -16,78 +19,10 @@ use delaywheel::redis::{
     now_ms, shard_of, Backoff, Consumer, Handlers, Producer, QueueConfig, QueueError, RetryPolicy,
     When,
 };
-use futures_util::StreamExt;
 use parking_lot::Mutex;
+use queue_kit::*;
 use redis_cluster::RedisCluster;
 use redis_server::RedisServer;
-
-const PATIENCE: Duration = Duration::from_secs(30);
-
-fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
-
-/// Fire records: id → (consumer index, fire time µs) per delivery.
-type Fired = Arc<Mutex<HashMap<String, Vec<(usize, u64)>>>>;
-
-fn recorder(fired: &Fired, who: usize, topic: &str) -> Handlers {
-    let fired = fired.clone();
-    Handlers::new().on(topic, move |task| {
-        fired
-            .lock()
-            .entry(task.id.clone())
-            .or_default()
-            .push((who, now_us()));
-        Ok(())
-    })
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// What most tests start from: a private Redis, a runtime for the async producer, the
-/// queue's settings (default, then `tweak`ed) and a producer.
-struct Fixture {
-    server: RedisServer,
-    rt: tokio::runtime::Runtime,
-    cfg: QueueConfig,
-    p: Producer,
-}
-
-fn fixture(ns: &str, tweak: impl FnOnce(&mut QueueConfig)) -> Fixture {
-    let server = RedisServer::start_in_memory();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cfg = QueueConfig::new(server.url(), ns);
-    tweak(&mut cfg);
-    let p = producer(&rt, &cfg);
-    Fixture { server, rt, cfg, p }
-}
-
-fn producer(rt: &tokio::runtime::Runtime, cfg: &QueueConfig) -> Producer {
-    rt.block_on(Producer::connect(cfg.clone())).unwrap()
-}
-
-/// Enqueues `(id, due)` pairs, 64 in flight at a time over the multiplexed connection.
-fn enqueue_all(rt: &tokio::runtime::Runtime, p: &Producer, topic: &str, tasks: Vec<(String, u64)>) {
-    rt.block_on(async {
-        let results: Vec<_> = futures_util::stream::iter(tasks)
-            .map(|(id, due)| p.enqueue(id, topic, serde_json::Value::Null, When::At(due)))
-            .buffer_unordered(64)
-            .collect()
-            .await;
-        for r in results {
-            assert!(r.unwrap(), "a fresh id was refused");
-        }
-    });
-}
 
 #[test]
 fn four_consumers_fire_each_of_50k_tasks_exactly_once() {
@@ -282,50 +217,6 @@ fn failures_follow_the_backoff_then_dead_letter_and_requeue_works() {
     assert_eq!(attempts.lock().last().unwrap().0, 0);
     assert!(rt.block_on(p.dead_letters(10)).unwrap().is_empty());
     c.shutdown(Duration::from_secs(5)).unwrap();
-}
-
-/// Lateness of tasks enqueued 50 ms ahead while every consumer idles, five times.
-fn wake_lateness_ms(notify: bool, reconcile: Duration, ns: &str) -> Vec<f64> {
-    let server = RedisServer::start_in_memory();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cfg = QueueConfig::new(server.url(), ns);
-    cfg.reconcile = reconcile;
-    cfg.lookahead = cfg.lookahead.max(reconcile + cfg.claim_margin);
-    let fired: Fired = Arc::default();
-    let consumers: Vec<Consumer> = (0..2)
-        .map(|i| Consumer::start(cfg.clone(), recorder(&fired, i, "t")).unwrap())
-        .collect();
-    let mut pcfg = cfg.clone();
-    pcfg.notify = notify;
-    let p = producer(&rt, &pcfg);
-    std::thread::sleep(Duration::from_millis(300)); // initial claims done: all idle
-    let mut late = Vec::new();
-    for i in 0..5 {
-        let due = now_ms() + 50;
-        let id = format!("w{i}");
-        enqueue_all(&rt, &p, "t", vec![(id.clone(), due)]);
-        wait_until("the task to fire", || fired.lock().contains_key(&id));
-        let at = fired.lock()[&id][0].1;
-        assert!(at >= due * 1_000, "fired early");
-        late.push((at - due * 1_000) as f64 / 1_000.0);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for c in consumers {
-        c.shutdown(Duration::from_secs(5)).unwrap();
-    }
-    late.sort_by(f64::total_cmp);
-    late
-}
-
-#[test]
-fn a_task_enqueued_50ms_ahead_fires_within_5ms_notified_or_not() {
-    // Notified: the reconcile interval (10 s) cannot be what claims it.
-    let notified = wake_lateness_ms(true, Duration::from_secs(10), "wake");
-    assert!(notified[2] <= 5.0, "median lateness {notified:?} ms");
-    // The notification dropped on purpose (the producer does not publish): the bounded
-    // reconcile claim (every 30 ms, within the 50 ms notice) still claims it in time.
-    let lost = wake_lateness_ms(false, Duration::from_millis(30), "lost");
-    assert!(lost[2] <= 5.0, "median lateness {lost:?} ms");
 }
 
 #[test]

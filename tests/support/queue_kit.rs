@@ -1,0 +1,86 @@
+//! What the queue tests share: a private Redis with a producer, a handler that records
+//! deliveries, and waiting without sleeping longer than needed. (`#[path]` include.)
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use delaywheel::redis::{Handlers, Producer, QueueConfig, When};
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+
+use super::redis_server::RedisServer;
+
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Fire records: id → (consumer index, fire time µs) per delivery.
+pub type Fired = Arc<Mutex<HashMap<String, Vec<(usize, u64)>>>>;
+
+pub fn recorder(fired: &Fired, who: usize, topic: &str) -> Handlers {
+    let fired = fired.clone();
+    Handlers::new().on(topic, move |task| {
+        fired
+            .lock()
+            .entry(task.id.clone())
+            .or_default()
+            .push((who, now_us()));
+        Ok(())
+    })
+}
+
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What most tests start from: a private Redis, a runtime for the async producer, the
+/// queue's settings (default, then `tweak`ed) and a producer.
+pub struct Fixture {
+    pub server: RedisServer,
+    pub rt: tokio::runtime::Runtime,
+    pub cfg: QueueConfig,
+    pub p: Producer,
+}
+
+pub fn fixture(ns: &str, tweak: impl FnOnce(&mut QueueConfig)) -> Fixture {
+    let server = RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg = QueueConfig::new(server.url(), ns);
+    tweak(&mut cfg);
+    let p = producer(&rt, &cfg);
+    Fixture { server, rt, cfg, p }
+}
+
+pub fn producer(rt: &tokio::runtime::Runtime, cfg: &QueueConfig) -> Producer {
+    rt.block_on(Producer::connect(cfg.clone())).unwrap()
+}
+
+/// Enqueues `(id, due)` pairs, 64 in flight at a time over the multiplexed connection.
+pub fn enqueue_all(
+    rt: &tokio::runtime::Runtime,
+    p: &Producer,
+    topic: &str,
+    tasks: Vec<(String, u64)>,
+) {
+    rt.block_on(async {
+        let results: Vec<_> = futures_util::stream::iter(tasks)
+            .map(|(id, due)| p.enqueue(id, topic, serde_json::Value::Null, When::At(due)))
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        for r in results {
+            assert!(r.unwrap(), "a fresh id was refused");
+        }
+    });
+}
