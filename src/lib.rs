@@ -10,8 +10,9 @@
 //! 2. The engine ([`Timer`]): the clock, sharded wheels behind mutexes, a driver thread that
 //!    sleeps until the next deadline, and delivery to a channel, a callback pool or (feature
 //!    `tokio`) futures and streams.
-//! 3. [`redis`] (feature `redis`): the task envelope, the Redis key layout and a store on a
-//!    ZSET + HASH: the foundation of persistence and of the shared delay queue.
+//! 3. [`redis`] (feature `redis`): persistence of tasks into Redis with restore after a
+//!    restart (`redis::Persistent`), and a delay queue shared by many instances that fire
+//!    from their own wheels (`redis::Producer`, `redis::Consumer`).
 //!
 //! ```
 //! use delaywheel::wheel::Wheel;

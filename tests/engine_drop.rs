@@ -19,8 +19,16 @@ fn dropping_the_last_handle_joins_every_thread() {
     let pool = Timer::builder()
         .build_callback(3, 8, |_e: delaywheel::Expiration<u32>| {})
         .unwrap();
-    assert_eq!(threads_named("delaywheel-dri"), 2);
-    assert_eq!(threads_named("delaywheel-cb"), 3);
+    // A new thread names itself once it runs: wait for that, not for a fixed time.
+    let named = |prefix: &str, n: usize| {
+        let start = std::time::Instant::now();
+        while threads_named(prefix) != n && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        threads_named(prefix)
+    };
+    assert_eq!(named("delaywheel-dri", 2), 2);
+    assert_eq!(named("delaywheel-cb", 3), 3);
     // Pending timers, a clone on another thread, and a driver blocked on a full channel.
     for i in 0..10u32 {
         timer.schedule(i, Duration::ZERO).unwrap();
