@@ -89,7 +89,8 @@ fn a_crashed_consumers_tasks_fire_elsewhere_after_the_lease() {
     });
     let fired: Fired = Arc::default();
     let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
-    let due = now_ms() + 1_000;
+    // Due after the first reconcile claim (1 s), so A holds them for a while.
+    let due = now_ms() + 3_000;
     enqueue_all(
         &rt,
         &p,
@@ -164,12 +165,14 @@ fn failures_follow_the_backoff_then_dead_letter_and_requeue_works() {
     };
     cfg.reconcile = Duration::from_millis(500);
     let p = producer(&rt, &cfg);
-    let attempts: Arc<Mutex<Vec<(u32, Instant)>>> = Arc::default();
+    // (attempt, handler start in wall-clock µs, due time in ms): due times are wall-clock
+    // scores, so the schedule is checked on that clock.
+    let attempts: Arc<Mutex<Vec<(u32, u64, u64)>>> = Arc::default();
     let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let handlers = {
         let (attempts, healthy) = (attempts.clone(), healthy.clone());
         Handlers::new().on("close", move |task| {
-            attempts.lock().push((task.attempt, Instant::now()));
+            attempts.lock().push((task.attempt, now_us(), task.due_at));
             if healthy.load(std::sync::atomic::Ordering::SeqCst) {
                 Ok(())
             } else {
@@ -184,13 +187,22 @@ fn failures_follow_the_backoff_then_dead_letter_and_requeue_works() {
     {
         let attempts = attempts.lock();
         assert_eq!(attempts.len(), 5, "five deliveries in all");
+        for &(attempt, started_us, due_ms) in attempts.iter() {
+            assert!(
+                started_us >= due_ms * 1_000,
+                "attempt {attempt} ran before its due time"
+            );
+        }
         for (k, w) in attempts.windows(2).enumerate() {
             let failed = (k + 1) as u32; // the attempt that just failed, 1-based
             assert_eq!(w[1].0, failed, "the envelope counts attempts");
-            let gap = w[1].1 - w[0].1;
+            // The retry is due at least the backoff after the failed attempt started.
+            let wait_us = (unit * failed * failed).as_micros() as u64;
             assert!(
-                gap >= unit * failed * failed,
-                "retry {failed} came after {gap:?}, before its backoff"
+                w[1].2 * 1_000 >= w[0].1 + wait_us,
+                "retry {failed} was due {} µs after attempt {}, before its backoff of {wait_us} µs",
+                w[1].2 * 1_000 - w[0].1,
+                failed - 1
             );
         }
     }
@@ -312,7 +324,8 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     } = fixture("handback", |_| {}); // 30 s leases
     let fired: Fired = Arc::default();
     let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
-    let due = now_ms() + 1_200;
+    // Due after the first reconcile claim (1 s), so A holds them for a while.
+    let due = now_ms() + 3_000;
     enqueue_all(
         &rt,
         &p,
@@ -437,7 +450,8 @@ fn replace_swaps_a_pending_task_and_a_claimed_copy_can_no_longer_ack() {
     // claimed copy fires too if its time comes before the consumer claims the new version
     // (at-least-once; its ack is then refused), and not at all if the new claim comes first
     // (the newer claim cancels the older timer). The version that was refused never fires.
-    let first_due = now_ms() + 400;
+    // Beyond the wake-up window: claimed by the 1 s reconcile, then held until due.
+    let first_due = now_ms() + 1_600;
     assert!(rt
         .block_on(p.enqueue_envelope(envelope(serde_json::json!(1), first_due), false))
         .unwrap());
