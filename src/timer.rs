@@ -633,6 +633,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
                 let weak = Arc::downgrade(&core);
                 clock.on_advance(Box::new(move || {
                     if let Some(core) = weak.upgrade() {
+                        core.woken.store(true, SeqCst);
                         if let Some(t) = core.driver.get() {
                             t.unpark();
                         }

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
     now_ms, Begin, Dedup, DedupError, Durability, Overdue, PersistConfig, PersistError, Persistent,
-    WhenFull,
+    WallClock, WhenFull,
 };
+use delaywheel::ManualClock;
 use redis_server::RedisServer;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -45,15 +46,19 @@ fn command_calls(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// On manual clocks: the tasks fire exactly at their due millisecond after the restart.
 #[test]
-fn tasks_survive_a_restart_and_fire_once_each_not_before_due() {
+fn tasks_survive_a_restart_and_fire_once_each_at_their_due_tick() {
     let server = RedisServer::start();
     let n = 100_000u64;
-    let base = now_ms() + 1_500;
+    let start = now_ms();
     {
-        let (first, _fired) = Persistent::start(config(&server, "restart")).unwrap();
+        let clock = ManualClock::new();
+        let mut cfg = config(&server, "restart");
+        cfg.clock = WallClock::manual(&clock, start);
+        let (first, _fired) = Persistent::start(cfg).unwrap();
         for i in 0..n {
-            let due = base + i % 1_000; // staggered over one second
+            let due = start + 1 + i % 1_000; // 100 tasks per millisecond for one second
             first
                 .schedule(
                     format!("order:{i}"),
@@ -67,26 +72,38 @@ fn tasks_survive_a_restart_and_fire_once_each_not_before_due() {
     }
     assert_eq!(redis_int(&server, &["ZCARD", "{restart}:due"]), n as i64);
 
-    let (second, fired) = Persistent::start(config(&server, "restart")).unwrap();
+    // A new process, its clock where the first one stopped.
+    let clock = ManualClock::new();
+    let mut cfg = config(&server, "restart");
+    cfg.clock = WallClock::manual(&clock, start);
+    let (second, fired) = Persistent::start(cfg).unwrap();
     let report = second.restore(1_000).unwrap();
-    assert_eq!((report.loaded, report.dead_lettered), (n as usize, 0));
+    assert_eq!(
+        (report.loaded, report.overdue, report.dead_lettered),
+        (n as usize, 0, 0)
+    );
     let mut seen = HashSet::new();
-    for _ in 0..n {
-        let task = fired.recv_timeout(PATIENCE).unwrap_or_else(|e| {
-            panic!(
-                "a restored task never fired after {} ({e}); {} held",
-                seen.len(),
-                second.len()
-            )
-        });
+    for t in 1..=1_000u64 {
         assert!(
-            now_ms() >= task.due_at,
-            "{} fired before its due time",
-            task.id
+            fired.try_recv().is_err(),
+            "a task fired before its due time"
         );
-        assert!(seen.insert(task.id.clone()), "{} fired twice", task.id);
-        assert!(second.ack(&task.id));
+        clock.advance(Duration::from_millis(1));
+        let now = start + t;
+        for _ in 0..n / 1_000 {
+            let task = fired.recv_timeout(PATIENCE).unwrap_or_else(|e| {
+                panic!(
+                    "a task due at +{t} ms did not fire ({e}); {} fired",
+                    seen.len()
+                )
+            });
+            assert_eq!(task.due_at, now, "{} fired at another tick", task.id);
+            assert!(seen.insert(task.id.clone()), "{} fired twice", task.id);
+            assert!(second.ack(&task.id));
+        }
     }
+    assert_eq!(seen.len(), n as usize);
+    clock.advance(Duration::from_millis(100));
     assert!(fired.recv_timeout(Duration::from_millis(200)).is_err());
     assert!(second.flush(PATIENCE));
     assert_eq!(redis_int(&server, &["ZCARD", "{restart}:due"]), 0);

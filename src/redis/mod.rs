@@ -67,6 +67,7 @@ mod queue;
 mod scripts;
 mod store;
 mod task_store;
+mod wall_clock;
 
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dedup::{Begin, Dedup, DedupError};
@@ -80,3 +81,4 @@ pub use queue::{
 };
 pub use store::{Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError};
 pub use task_store::TaskStore;
+pub use wall_clock::WallClock;

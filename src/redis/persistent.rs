@@ -18,7 +18,7 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
@@ -28,6 +28,7 @@ use super::envelope::{Envelope, EnvelopeError};
 use super::layout::{KeyLayout, NamespaceError};
 use super::store::{Op, RedisStore, StoreError};
 use super::task_store::TaskStore;
+use super::wall_clock::WallClock;
 use crate::{BuildError, Timer, TimerId};
 
 /// When a change counts as done.
@@ -90,6 +91,9 @@ pub struct PersistConfig {
     pub fired_bound: usize,
     /// What `restore` does with overdue tasks (default: fire at once).
     pub overdue: Overdue,
+    /// The wall clock due times are read against (default: the system's). A manual one also
+    /// drives the engine's timer, for deterministic tests.
+    pub clock: WallClock,
 }
 
 impl PersistConfig {
@@ -106,6 +110,7 @@ impl PersistConfig {
             max_envelope: 64 * 1024,
             fired_bound: 65_536,
             overdue: Overdue::AtOnce,
+            clock: WallClock::system(),
         }
     }
 }
@@ -142,11 +147,9 @@ impl fmt::Display for PersistError {
 
 impl std::error::Error for PersistError {}
 
-/// Milliseconds since the Unix epoch now (0 if the clock is before 1970).
+/// Milliseconds since the Unix epoch now, on the system clock (0 if it is before 1970).
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    WallClock::system().now_ms()
 }
 
 /// What `restore` found.
@@ -306,7 +309,11 @@ impl<S: TaskStore> Persistent<S> {
             let inner = inner.clone();
             move |e: crate::Expiration<Arc<str>>| deliver(&inner, &tx, &e.value)
         };
-        let timer = Timer::builder()
+        let mut builder = Timer::builder();
+        if let Some(clock) = inner.cfg.clock.manual_clock() {
+            builder = builder.manual_clock(clock);
+        }
+        let timer = builder
             .build_callback(1, 1024, fire)
             .map_err(PersistError::Build)?;
         let flusher = {
@@ -337,7 +344,7 @@ impl<S: TaskStore> Persistent<S> {
         payload: serde_json::Value,
         due_at: u64,
     ) -> Result<(), PersistError> {
-        let now = now_ms();
+        let now = self.inner.cfg.clock.now_ms();
         let envelope = Envelope {
             id: id.into(),
             topic: topic.into(),
@@ -351,7 +358,7 @@ impl<S: TaskStore> Persistent<S> {
 
     /// Schedules (or replaces) a complete envelope. Errors as for [`schedule`](Self::schedule).
     pub fn schedule_envelope(&self, envelope: Envelope) -> Result<(), PersistError> {
-        self.schedule_at(envelope, now_ms())
+        self.schedule_at(envelope, self.inner.cfg.clock.now_ms())
     }
 
     fn schedule_at(&self, envelope: Envelope, now: u64) -> Result<(), PersistError> {
@@ -539,16 +546,18 @@ impl<S: TaskStore> Persistent<S> {
             let page = page.map_err(PersistError::Store)?.classify();
             if !page.broken.is_empty() {
                 let (store, broken) = (self.store.clone(), page.broken.clone());
-                wait_on(&self.rt, async move {
-                    store.dead_letter(&broken, now_ms()).await
-                })
+                let at = self.inner.cfg.clock.now_ms();
+                wait_on(
+                    &self.rt,
+                    async move { store.dead_letter(&broken, at).await },
+                )
                 .ok_or_else(|| {
                     PersistError::Build(BuildError::Spawn("the runtime stopped".into()))
                 })?
                 .map_err(PersistError::Store)?;
                 report.dead_lettered += page.broken.len();
             }
-            let now = now_ms();
+            let now = self.inner.cfg.clock.now_ms();
             let mut index = self.inner.index.lock();
             for envelope in page.tasks {
                 if index.contains_key(envelope.id.as_str()) {
