@@ -865,7 +865,12 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
         let (result, written) = match take_round(inner) {
             Round::Journal(changes, oldest) => {
                 // Encoding happens here, outside every lock.
-                let ops: Vec<Op> = changes.into_iter().filter_map(into_op).collect();
+                let mut ops: Vec<Op> = changes.into_iter().filter_map(into_op).collect();
+                // In due order, so each batch touches one stretch of the ZSET (removals last).
+                ops.sort_unstable_by_key(|op| match op {
+                    Op::Upsert { due_at, .. } => *due_at,
+                    Op::Remove(_) => u64::MAX,
+                });
                 let total = ops.len();
                 let (failed, error, lost) = write_batches(store, rt, ops, inner.cfg.batch.max(1));
                 metrics::counter!("delaywheel_flushed_ops_total")

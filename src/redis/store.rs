@@ -211,16 +211,23 @@ impl RedisStore {
     /// Applies a batch in one MULTI/EXEC with multi-member commands, so the ZSET and the HASH
     /// change together. When an id appears more than once, its last operation wins.
     pub async fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
-        let mut last: HashMap<&str, &Op> = HashMap::with_capacity(ops.len());
-        for op in ops {
-            last.insert(op.id(), op);
+        // The last operation per id wins; the others keep their order (the flusher sends them
+        // sorted by due time, which keeps Redis's skiplist inserts close together).
+        let mut last: HashMap<&str, usize> = HashMap::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            last.insert(op.id(), i);
         }
         let (mut zadd, mut hset, mut remove) =
             (redis::cmd("ZADD"), redis::cmd("HSET"), Vec::<&str>::new());
         zadd.arg(self.keys.due());
         hset.arg(self.keys.tasks());
         let mut upserts = 0;
-        for op in last.values() {
+        for op in ops
+            .iter()
+            .enumerate()
+            .filter(|(i, op)| last.get(op.id()) == Some(i))
+            .map(|(_, op)| op)
+        {
             match op {
                 Op::Upsert {
                     id,
