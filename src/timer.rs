@@ -138,10 +138,16 @@ impl<T> Core<T> {
     #[inline]
     fn wake_for(&self, tick: u64) {
         if tick < self.next_wake.load(SeqCst) {
-            self.woken.store(true, SeqCst);
-            if let Some(driver) = self.driver.get() {
-                driver.unpark();
-            }
+            self.wake_driver();
+        }
+    }
+
+    /// Wakes the driver: the flag first (it survives an unpark that a blocked delivery
+    /// swallows), then the unpark (it ends a park in progress). See the ground rules.
+    fn wake_driver(&self) {
+        self.woken.store(true, SeqCst);
+        if let Some(driver) = self.driver.get() {
+            driver.unpark();
         }
     }
 
@@ -633,10 +639,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
                 let weak = Arc::downgrade(&core);
                 clock.on_advance(Box::new(move || {
                     if let Some(core) = weak.upgrade() {
-                        core.woken.store(true, SeqCst);
-                        if let Some(t) = core.driver.get() {
-                            t.unpark();
-                        }
+                        core.wake_driver();
                     }
                 }));
             }

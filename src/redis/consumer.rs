@@ -827,48 +827,47 @@ async fn resolve(
 }
 
 async fn write_outcome(shared: &Shared, o: Outcome) {
-    let (script, shard, id, owner, ok_counter) = match &o {
+    let (inv, id, ok_counter) = match &o {
         Outcome::Retry {
-            shard, id, owner, ..
-        } => (
-            &*scripts::RETRY,
-            *shard,
+            shard,
             id,
             owner,
-            &shared.counters.retried,
-        ),
-        Outcome::Dead {
-            shard, id, owner, ..
-        } => (
-            &*scripts::DEAD,
-            *shard,
-            id,
-            owner,
-            &shared.counters.dead_lettered,
-        ),
-        Outcome::Ack { .. } => return,
-    };
-    let keys = &shared.shards[shard as usize];
-    let mut inv = script.prepare_invoke();
-    inv.key(keys.lease()).key(keys.owner()).key(keys.tasks());
-    match &o {
-        Outcome::Retry { envelope, due, .. } => {
-            inv.key(keys.due())
+            envelope,
+            due,
+        } => {
+            let keys = &shared.shards[*shard as usize];
+            let mut inv = scripts::RETRY.prepare_invoke();
+            inv.key(keys.lease())
+                .key(keys.owner())
+                .key(keys.tasks())
+                .key(keys.due())
                 .arg(id.as_str())
                 .arg(&**owner)
                 .arg(envelope.as_slice())
                 .arg(*due)
                 .arg(shared.cfg.channel())
                 .arg(shared.cfg.notify_before());
+            (inv, id, &shared.counters.retried)
         }
-        Outcome::Dead { record, .. } => {
-            inv.key(keys.dead())
+        Outcome::Dead {
+            shard,
+            id,
+            owner,
+            record,
+        } => {
+            let keys = &shared.shards[*shard as usize];
+            let mut inv = scripts::DEAD.prepare_invoke();
+            inv.key(keys.lease())
+                .key(keys.owner())
+                .key(keys.tasks())
+                .key(keys.dead())
                 .arg(id.as_str())
                 .arg(&**owner)
                 .arg(record.as_str());
+            (inv, id, &shared.counters.dead_lettered)
         }
         Outcome::Ack { .. } => return,
-    }
+    };
     // A few tries: these are rare, and the lease covers a failure (the task then fires again).
     for attempt in 0..5u32 {
         match shared.conn.run::<i64>(&inv).await {

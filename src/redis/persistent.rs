@@ -229,6 +229,14 @@ struct Inner {
     stopping: AtomicBool,
 }
 
+impl Inner {
+    /// Asks the flusher for a round now (`journal` is the locked journal).
+    fn kick(&self, journal: &mut Journal) {
+        journal.kicked = true;
+        self.kick.notify_one();
+    }
+}
+
 /// An engine whose tasks survive a restart: tasks with string ids and JSON payloads,
 /// mirrored into Redis by a write-behind flusher. Fired tasks arrive on the receiver returned
 /// by [`start`](Self::start) and leave Redis when [`ack`](Self::ack)ed.
@@ -249,6 +257,11 @@ impl<S: TaskStore> fmt::Debug for Persistent<S> {
             .field("pending", &self.timer.len())
             .finish()
     }
+}
+
+/// The error for a store runtime that stopped while a call waited on it.
+fn runtime_stopped() -> PersistError {
+    PersistError::Build(BuildError::Spawn("the runtime stopped".into()))
 }
 
 /// One worker thread drives the store's connection; the flusher and `restore` block on it.
@@ -274,7 +287,7 @@ impl Persistent<RedisStore> {
         let rt = store_runtime()?;
         let url = cfg.url.clone();
         let store = wait_on(&rt, async move { RedisStore::connect(&url, keys).await })
-            .ok_or_else(|| PersistError::Build(BuildError::Spawn("the runtime stopped".into())))?
+            .ok_or_else(runtime_stopped)?
             .map_err(PersistError::Store)?;
         Persistent::launch(cfg, store, rt)
     }
@@ -440,11 +453,8 @@ impl<S: TaskStore> Persistent<S> {
 
     fn wait_flushed(&self, round: u64) {
         let mut journal = self.inner.journal.lock();
-        journal.kicked = true;
-        self.inner.kick.notify_one();
         while journal.flushed < round && !self.inner.stopping.load(SeqCst) {
-            journal.kicked = true;
-            self.inner.kick.notify_one();
+            self.inner.kick(&mut journal);
             self.inner
                 .flushed
                 .wait_for(&mut journal, Duration::from_millis(100));
@@ -551,9 +561,7 @@ impl<S: TaskStore> Persistent<S> {
                     &self.rt,
                     async move { store.dead_letter(&broken, at).await },
                 )
-                .ok_or_else(|| {
-                    PersistError::Build(BuildError::Spawn("the runtime stopped".into()))
-                })?
+                .ok_or_else(runtime_stopped)?
                 .map_err(PersistError::Store)?;
                 report.dead_lettered += page.broken.len();
             }
@@ -607,11 +615,8 @@ impl<S: TaskStore> Persistent<S> {
         let mut journal = self.inner.journal.lock();
         // The round in progress may have started before the last change: wait for the next.
         let target = journal.flushed + 2;
-        journal.kicked = true;
-        self.inner.kick.notify_one();
         while journal.flushed < target {
-            journal.kicked = true;
-            self.inner.kick.notify_one();
+            self.inner.kick(&mut journal);
             if self
                 .inner
                 .flushed
@@ -634,8 +639,7 @@ impl<S: TaskStore> Persistent<S> {
         let mut journal = self.inner.journal.lock();
         journal.snapshot_wanted = true;
         let target = journal.snapshots + 1;
-        journal.kicked = true;
-        self.inner.kick.notify_one();
+        self.inner.kick(&mut journal);
         while journal.snapshots < target {
             if self.inner.stopping.load(SeqCst)
                 || self
@@ -719,22 +723,27 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
 
 /// The store operation of a journaled change.
 fn into_op((id, change): (Arc<str>, Change)) -> Option<Op> {
-    Some(match change {
-        Change::Upsert(envelope) => Op::Upsert {
-            id: id.to_string(),
+    match change {
+        Change::Upsert(envelope) => upsert_op(&envelope),
+        Change::Encoded(op) => Some(op),
+        Change::Remove => Some(Op::Remove(id.to_string())),
+    }
+}
+
+/// The store operation that writes `envelope`. Its size and fields were checked when it was
+/// scheduled, so a failure here would be a serde bug: logged, and the task not written.
+fn upsert_op(envelope: &Envelope) -> Option<Op> {
+    match envelope.encode(usize::MAX) {
+        Ok(bytes) => Some(Op::Upsert {
+            id: envelope.id.clone(),
             due_at: envelope.due_at,
-            // Checked when scheduled; a failure here would be a serde bug, logged.
-            envelope: match envelope.encode(usize::MAX) {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    tracing::error!(%id, error = %e, "envelope no longer encodes; not written");
-                    return None;
-                }
-            },
-        },
-        Change::Encoded(op) => op,
-        Change::Remove => Op::Remove(id.to_string()),
-    })
+            envelope: bytes,
+        }),
+        Err(e) => {
+            tracing::error!(id = %envelope.id, error = %e, "envelope no longer encodes; not written");
+            None
+        }
+    }
 }
 
 /// Aborts a task when dropped (an early return from `restore` stops its fetcher).
@@ -894,18 +903,7 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
                 (error.map_or(Ok(()), Err), None)
             }
             Round::Snapshot(envelopes) => {
-                let ops: Vec<Op> = envelopes
-                    .iter()
-                    .filter_map(|e| {
-                        // Checked when scheduled; a failure here would be a serde bug.
-                        let bytes = e.encode(usize::MAX).ok()?;
-                        Some(Op::Upsert {
-                            id: e.id.clone(),
-                            due_at: e.due_at,
-                            envelope: bytes,
-                        })
-                    })
-                    .collect();
+                let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
                 match rt.block_on(store.replace_all(&ops)) {
                     Ok(()) => (Ok(()), Some(ops.len())),
                     Err(e) => {

@@ -357,14 +357,19 @@ impl Conn {
         })
     }
 
+    /// Counts `n` commands about to be sent, in `commands` and in the metric.
+    pub(crate) fn count(&self, n: u64) {
+        self.commands.fetch_add(n, Relaxed);
+        metrics::counter!("delaywheel_queue_redis_commands_total").increment(n);
+    }
+
     /// Runs a script invocation (one command on the wire; EVALSHA, with a reload after a
     /// server restart dropped the script cache).
     pub(crate) async fn run<T: redis::FromRedisValue>(
         &self,
         inv: &redis::ScriptInvocation<'_>,
     ) -> Result<T, redis::RedisError> {
-        self.commands.fetch_add(1, Relaxed);
-        metrics::counter!("delaywheel_queue_redis_commands_total").increment(1);
+        self.count(1);
         let mut conn = self.conn.clone();
         inv.invoke_async(&mut conn).await
     }
@@ -475,7 +480,7 @@ impl Producer {
         let mut out = Vec::new();
         for keys in self.shards.iter() {
             let mut conn = self.conn.conn.clone();
-            self.conn.commands.fetch_add(1, Relaxed);
+            self.conn.count(1);
             let (_, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
                 .arg(keys.dead())
                 .arg(0)
@@ -497,7 +502,7 @@ impl Producer {
     pub async fn requeue(&self, id: &str) -> Result<bool, QueueError> {
         let keys = self.keys(id);
         let mut conn = self.conn.conn.clone();
-        self.conn.commands.fetch_add(1, Relaxed);
+        self.conn.count(1);
         let record: Option<String> = redis::cmd("HGET")
             .arg(keys.dead())
             .arg(id)
@@ -561,7 +566,7 @@ pub struct QueueDepth {
 
 pub(crate) async fn sample_depth(conn: &Conn, keys: &KeyLayout) -> Result<QueueDepth, QueueError> {
     let mut c = conn.conn.clone();
-    conn.commands.fetch_add(3, Relaxed);
+    conn.count(3);
     let (queued, leased, dead): (u64, u64, u64) = redis::pipe()
         .cmd("ZCARD")
         .arg(keys.due())
