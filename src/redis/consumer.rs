@@ -33,6 +33,9 @@ use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
 use super::scripts;
 use crate::{Timer, TimerId};
 
+/// Outcomes of fired tasks waiting for the resolver, at most.
+const OUTCOME_BOUND: usize = 65_536;
+
 /// What a handler returns on failure; the message becomes the dead-letter reason.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -151,7 +154,13 @@ struct Shared {
     conn: Conn,
     handlers: Handlers,
     held: Mutex<HashMap<(u32, String), Held>>,
-    outcomes: mpsc::UnboundedSender<Outcome>,
+    /// To the resolver; bounded, so handlers wait (rather than memory grow) while Redis is
+    /// slow to take their acks.
+    outcomes: mpsc::Sender<Outcome>,
+    /// The earliest due time (ms) wake-ups announced since the claim loop last looked, and
+    /// the signal that it changed: a flood of wake-ups coalesces into one value.
+    wake_at: AtomicU64,
+    wake: tokio::sync::Notify,
     counters: Counters,
     lateness: Mutex<Histogram<u64>>,
     /// Set by `abort`: fired tasks are dropped as a crashed process would drop them.
@@ -216,7 +225,7 @@ impl Consumer {
             .assigned_shards
             .clone()
             .unwrap_or_else(|| (0..cfg.shards).collect());
-        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (out_tx, out_rx) = mpsc::channel(OUTCOME_BOUND);
         let shared = Arc::new(Shared {
             id,
             shards,
@@ -225,6 +234,8 @@ impl Consumer {
             handlers,
             held: Mutex::new(HashMap::new()),
             outcomes: out_tx,
+            wake_at: AtomicU64::new(u64::MAX),
+            wake: tokio::sync::Notify::new(),
             counters: Counters::default(),
             lateness: Mutex::new(
                 Histogram::new_with_bounds(1, 3_600_000_000, 3)
@@ -243,15 +254,9 @@ impl Consumer {
                 .map_err(|e| QueueError::Spawn(e.to_string()))?
         };
         let (stop, stop_rx) = watch::channel(false);
-        let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let loops = vec![
-            rt.spawn(claim_loop(
-                shared.clone(),
-                timer.clone(),
-                wake_rx,
-                stop_rx.clone(),
-            )),
-            rt.spawn(listen(shared.clone(), wake_tx, stop_rx.clone())),
+            rt.spawn(claim_loop(shared.clone(), timer.clone(), stop_rx.clone())),
+            rt.spawn(listen(shared.clone(), stop_rx.clone())),
             rt.spawn(reap_loop(shared.clone(), stop_rx.clone())),
         ];
         let (finish, finish_rx) = tokio::sync::oneshot::channel();
@@ -505,26 +510,24 @@ fn fire(shared: &Shared, c: Claimed) {
             }
         }
     };
-    let _ = shared.outcomes.send(outcome);
+    // A handler thread, not the runtime: it may block while the resolver catches up. The
+    // send fails only once the runtime is gone (abort), when nothing is written anyway.
+    let _ = shared.outcomes.blocking_send(outcome);
 }
 
 /// Claims from every assigned shard: at start, every `reconcile`, when notified of a task due
 /// before the next claim, and again at once while claims come back full.
-async fn claim_loop(
-    shared: Arc<Shared>,
-    timer: Timer<Claimed>,
-    mut wake: mpsc::UnboundedReceiver<u64>,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn claim_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch::Receiver<bool>) {
     let cfg = &shared.cfg;
     let mut next = tokio::time::Instant::now();
     let mut failures = 0u32;
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
-            Some(due) = wake.recv() => {
-                // Claim `claim_margin` before the notified task is due, unless a claim comes
-                // sooner anyway.
+            _ = shared.wake.notified() => {
+                let due = shared.wake_at.swap(u64::MAX, SeqCst);
+                // Claim `claim_margin` before the earliest notified task is due, unless a claim
+                // comes sooner anyway.
                 let at_ms = due.saturating_sub(cfg.claim_margin.as_millis() as u64);
                 let wait = Duration::from_millis(at_ms.saturating_sub(now_ms()));
                 // Any publisher may write to the channel: a far-off time is just ignored.
@@ -615,12 +618,15 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
                 };
                 tracing::warn!(%id, %reason, "claimed task dead-lettered");
                 let raw = String::from_utf8_lossy(&t[2]).into_owned();
-                let _ = shared.outcomes.send(Outcome::Dead {
-                    shard,
-                    record: dead_record(&reason, &raw, 0),
-                    id,
-                    owner: owner.clone(),
-                });
+                let _ = shared
+                    .outcomes
+                    .send(Outcome::Dead {
+                        shard,
+                        record: dead_record(&reason, &raw, 0),
+                        id,
+                        owner: owner.clone(),
+                    })
+                    .await;
                 continue;
             }
         };
@@ -646,11 +652,7 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
 
 /// Subscribes to the queue's wake-ups and forwards each due time to the claim loop;
 /// resubscribes after a lost connection (meanwhile the reconcile claims cover).
-async fn listen(
-    shared: Arc<Shared>,
-    wake: mpsc::UnboundedSender<u64>,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn listen(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     use futures_util::StreamExt;
     let channel = shared.cfg.channel();
     // On a cluster, any node will do: classic PUBLISH reaches every node. Rotate through the
@@ -682,7 +684,8 @@ async fn listen(
                         m = messages.next() => match m {
                             Some(m) => {
                                 if let Ok(due) = m.get_payload::<u64>() {
-                                    let _ = wake.send(due);
+                                    shared.wake_at.fetch_min(due, SeqCst);
+                                    shared.wake.notify_one();
                                 }
                             }
                             None => break,
@@ -752,7 +755,7 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 /// done) drains what is left and returns.
 async fn resolve(
     shared: Arc<Shared>,
-    mut outcomes: mpsc::UnboundedReceiver<Outcome>,
+    mut outcomes: mpsc::Receiver<Outcome>,
     mut finish: tokio::sync::oneshot::Receiver<()>,
 ) {
     let mut acks: HashMap<u32, Vec<(String, Arc<str>)>> = HashMap::new();
