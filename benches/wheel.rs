@@ -12,10 +12,21 @@
 //! * `DelayQueue` — tokio-util's, on a paused current-thread runtime; its expiry phase includes
 //!   tokio's `advance` of the paused clock per tick, which it needs to see time move
 //! * `hierarchical_hash_wheel_timer` — its `QuadWheelWithOverflow`; it cannot cancel or reset,
-//!   so it only takes part in insert and expiry (and expires all `N` timers)
+//!   so it only takes part in insert and expiry, and expires all `N` timers (twice as many per
+//!   tick as the others, which spreads its per-tick cost over twice the timers)
+//! * `hierarchical_hash_wheel_timer_survivors` — the same wheel, given for its expiry phase the
+//!   `N/2` timers the others have left after cancel and reset, at their final deadlines and in
+//!   insertion order, so that every contender fires the same timers at the same ticks: the
+//!   like-for-like comparison per fired timer
 //!
-//! `flatness/{insert,cancel}/{10k,1M,10M}` build a wheel of that many timers and cancel them all
-//! in random order, to show the cost per operation does not grow with the number pending.
+//! `flatness/{insert,insert_warm,cancel}/{10k,1M,10M}` build a wheel of that many timers and
+//! cancel them all in random order, to show the cost per operation does not grow with the
+//! number pending. `insert` starts from a new wheel each time, so it includes the kernel's
+//! first touch of fresh memory: the allocator hands a 1M wheel's 32 MB back to later
+//! iterations already mapped, but a 10M wheel's 320 MB comes from a new `mmap` every time (above
+//! glibc's largest mmap threshold), a page fault per 128 timers. `insert_warm` inserts into a
+//! wheel that held as many timers before (filled and cleared, untimed), as a long-running
+//! process does: the wheel's own cost.
 //!
 //! After criterion, a table of medians in ns per operation (per fired timer for expiry) and the
 //! ratios the issue targets is printed. Run with `cargo bench --bench wheel`; under
@@ -53,6 +64,8 @@ struct Plan {
     cancels: Vec<usize>,
     /// Indices of timers (not cancelled) to reset, with their new deadlines (a quarter).
     resets: Vec<(usize, u64)>,
+    /// The timers left after the cancels and resets, with their final deadlines, by index.
+    survivors: Vec<(usize, u64)>,
 }
 
 impl Plan {
@@ -62,14 +75,27 @@ impl Plan {
         let mut order: Vec<usize> = (0..n).collect();
         rng.shuffle(&mut order);
         let cancels = order[..n / 2].to_vec();
-        let resets = order[n / 2..n / 2 + n / 4]
+        let resets: Vec<(usize, u64)> = order[n / 2..n / 2 + n / 4]
             .iter()
             .map(|&i| (i, rng.u64(1..=HORIZON)))
+            .collect();
+        let mut last: Vec<Option<u64>> = deadlines.iter().map(|&d| Some(d)).collect();
+        for &i in &cancels {
+            last[i] = None;
+        }
+        for &(i, d) in &resets {
+            last[i] = Some(d);
+        }
+        let survivors = last
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, d)| Some((i, d?)))
             .collect();
         Plan {
             deadlines,
             cancels,
             resets,
+            survivors,
         }
     }
 }
@@ -79,6 +105,9 @@ trait Contender {
     type Key: Copy;
     const NAME: &'static str;
     const CAN_CANCEL: bool = true;
+    /// Takes part in expiry only, starting from `Plan::survivors` (for a contender that cannot
+    /// cancel, so that it fires the same timers as the others).
+    const SURVIVORS_ONLY: bool = false;
     fn new(n: usize) -> Self;
     fn insert(&mut self, deadline: u64, value: u64) -> Self::Key;
     fn cancel(&mut self, key: Self::Key) -> Option<u64>;
@@ -277,14 +306,20 @@ impl Contender for DelayQueueTimers {
 struct HhwtEntry(#[allow(dead_code)] u64);
 
 /// `hierarchical_hash_wheel_timer`'s four-level byte wheel. It has no cancel or reset.
-struct HhwtTimers(
+/// `SURVIVORS` selects the like-for-like expiry (see the module docs).
+struct HhwtTimers<const SURVIVORS: bool>(
     hierarchical_hash_wheel_timer::wheels::quad_wheel::QuadWheelWithOverflow<HhwtEntry>,
 );
 
-impl Contender for HhwtTimers {
+impl<const SURVIVORS: bool> Contender for HhwtTimers<SURVIVORS> {
     type Key = ();
-    const NAME: &'static str = "hierarchical_hash_wheel_timer";
+    const NAME: &'static str = if SURVIVORS {
+        "hierarchical_hash_wheel_timer_survivors"
+    } else {
+        "hierarchical_hash_wheel_timer"
+    };
     const CAN_CANCEL: bool = false;
+    const SURVIVORS_ONLY: bool = SURVIVORS;
     fn new(_n: usize) -> Self {
         HhwtTimers(Default::default())
     }
@@ -331,6 +366,22 @@ impl Phase {
 fn run_phase<C: Contender>(plan: &Plan, phase: Phase) -> (Duration, usize) {
     let n = plan.deadlines.len();
     let mut c = C::new(n);
+    if C::SURVIVORS_ONLY {
+        assert_eq!(phase, Phase::Expire, "{} only expires", C::NAME);
+        for &(i, d) in &plan.survivors {
+            c.insert(d, i as u64);
+        }
+        let t = Instant::now();
+        let fired = c.expire_all();
+        let elapsed = t.elapsed();
+        assert_eq!(
+            fired,
+            plan.survivors.len(),
+            "{} lost or duplicated timers",
+            C::NAME
+        );
+        return (elapsed, fired);
+    }
     let t = Instant::now();
     let keys: Vec<C::Key> = plan
         .deadlines
@@ -373,7 +424,12 @@ fn run_phase<C: Contender>(plan: &Plan, phase: Phase) -> (Duration, usize) {
 
 fn bench_contender<C: Contender>(c: &mut Criterion, plan: &Plan) {
     for phase in [Phase::Insert, Phase::Cancel, Phase::Reset, Phase::Expire] {
-        if !C::CAN_CANCEL && matches!(phase, Phase::Cancel | Phase::Reset) {
+        let skip = if C::SURVIVORS_ONLY {
+            phase != Phase::Expire
+        } else {
+            !C::CAN_CANCEL && matches!(phase, Phase::Cancel | Phase::Reset)
+        };
+        if skip {
             continue;
         }
         let mut group = c.benchmark_group(phase.name());
@@ -399,13 +455,34 @@ fn bench_flatness(c: &mut Criterion) {
         let plan = Plan::new(n);
         let mut order: Vec<usize> = (0..n).collect();
         fastrand::Rng::with_seed(7).shuffle(&mut order);
-        for op in ["insert", "cancel"] {
+        for op in ["insert", "insert_warm", "cancel"] {
             let mut group = c.benchmark_group(format!("flatness/{op}"));
             group.sample_size(10);
             group.warm_up_time(Duration::from_millis(500));
             group.measurement_time(Duration::from_secs(if n >= 10_000_000 { 10 } else { 3 }));
             group.throughput(Throughput::Elements(n as u64));
             group.bench_with_input(BenchmarkId::from_parameter(label), &n, |b, &n| {
+                if op == "insert_warm" {
+                    let mut wheel: Wheel<u64> = Wheel::with_capacity(n);
+                    for (i, &d) in plan.deadlines.iter().enumerate() {
+                        wheel.insert(d, i as u64);
+                    }
+                    wheel.clear();
+                    b.iter_custom(|iters| {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            let t = Instant::now();
+                            for (i, &d) in plan.deadlines.iter().enumerate() {
+                                black_box(wheel.insert(d, i as u64));
+                            }
+                            total += t.elapsed();
+                            assert_eq!(wheel.len(), n);
+                            wheel.clear();
+                        }
+                        total
+                    });
+                    return;
+                }
                 b.iter_custom(|iters| {
                     let mut total = Duration::ZERO;
                     for _ in 0..iters {
@@ -457,6 +534,7 @@ fn report(plan: &Plan) {
         "BTreeMap",
         "DelayQueue",
         "hierarchical_hash_wheel_timer",
+        "hierarchical_hash_wheel_timer_survivors",
     ];
     let phases: [(&str, usize); 4] = [
         ("insert", n),
@@ -497,7 +575,14 @@ fn report(plan: &Plan) {
         ratio(get("insert", "delaywheel"), get("insert", "BinaryHeap"))
     );
     println!(
-        "| expire ≤ 1.0× hierarchical_hash_wheel_timer | {} |",
+        "| expire ≤ 1.0× hierarchical_hash_wheel_timer, same timers fired | {} |",
+        ratio(
+            get("expire", "delaywheel"),
+            get("expire", "hierarchical_hash_wheel_timer_survivors")
+        )
+    );
+    println!(
+        "| expire vs hierarchical_hash_wheel_timer firing all N (twice the timers per tick) | {} |",
         ratio(
             get("expire", "delaywheel"),
             get("expire", "hierarchical_hash_wheel_timer")
@@ -523,7 +608,14 @@ fn report(plan: &Plan) {
     };
     let flat = |op: &str, n: usize| median_ns_per_op(&format!("flatness/{op}"), label(n), n);
     println!(
-        "| insert at {} ≤ 2× insert at 10k | {} ({} vs {} ns) |",
+        "| insert at {} ≤ 2× insert at 10k, into a warm wheel | {} ({} vs {} ns) |",
+        label(large),
+        ratio(flat("insert_warm", large), flat("insert_warm", small)),
+        fmt(flat("insert_warm", large)),
+        fmt(flat("insert_warm", small))
+    );
+    println!(
+        "| insert at {} vs 10k, into a new wheel (with the page faults of fresh memory) | {} ({} vs {} ns) |",
         label(large),
         ratio(flat("insert", large), flat("insert", small)),
         fmt(flat("insert", large)),
@@ -545,7 +637,8 @@ fn main() {
     bench_contender::<HeapTimers>(&mut c, &plan);
     bench_contender::<TreeTimers>(&mut c, &plan);
     bench_contender::<DelayQueueTimers>(&mut c, &plan);
-    bench_contender::<HhwtTimers>(&mut c, &plan);
+    bench_contender::<HhwtTimers<false>>(&mut c, &plan);
+    bench_contender::<HhwtTimers<true>>(&mut c, &plan);
     bench_flatness(&mut c);
     c.final_summary();
     if !smoke() {
