@@ -6,7 +6,10 @@
 //! * The engine (memory) is the source of truth. Every change is recorded in the journal, keyed
 //!   by task id, so later changes to an id replace earlier ones (coalescing): a task scheduled
 //!   and cancelled within one flush window costs no Redis command at all.
-//! * `index` and `journal` are separate mutexes, always taken in that order.
+//! * The index (every task held) and the journal live in one [`State`] behind one mutex:
+//!   every change to one is a change to the other, and one lock per call is what the hot path
+//!   can afford. The timer's shard locks are taken inside it, never the other way round: the
+//!   timer delivers fired tasks with no shard lock held.
 //! * A fired task stays in Redis until [`Persistent::ack`]: delivery is at-least-once. A crash
 //!   between firing and the acknowledgement fires the task again after the restart.
 //! * `WriteBehind` (default) loses at most the changes of the last flush window in a crash.
@@ -21,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::{Envelope, EnvelopeError};
@@ -218,10 +221,17 @@ impl Journal {
     }
 }
 
+/// Everything the callers and the flusher share, under `Inner::state`.
+#[derive(Default)]
+struct State {
+    /// Every task held: pending, or fired and not yet acknowledged.
+    index: Ids<Entry>,
+    journal: Journal,
+}
+
 struct Inner {
     cfg: PersistConfig,
-    index: Mutex<Ids<Entry>>,
-    journal: Mutex<Journal>,
+    state: Mutex<State>,
     /// Signalled after each flush round (room in the journal, WriteThrough progress).
     flushed: Condvar,
     /// Wakes the flusher before its interval is over (`flush`, WriteThrough, shutdown).
@@ -312,8 +322,7 @@ impl<S: TaskStore> Persistent<S> {
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound.max(1));
         let inner = Arc::new(Inner {
             cfg,
-            index: Mutex::new(Ids::default()),
-            journal: Mutex::new(Journal::default()),
+            state: Mutex::new(State::default()),
             flushed: Condvar::new(),
             kick: Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -383,35 +392,32 @@ impl<S: TaskStore> Persistent<S> {
         if self.inner.stopping.load(SeqCst) {
             return Err(PersistError::Shutdown(Box::new(envelope)));
         }
-        let envelope = self.wait_for_room(envelope)?;
         let delay = Duration::from_millis(envelope.due_at.saturating_sub(now));
+        // Allocated before the lock is taken.
         let id: Arc<str> = Arc::from(envelope.id.as_str());
         let envelope = Arc::new(envelope);
         let round = {
-            let mut index = self.inner.index.lock();
+            let mut state = self.inner.state.lock();
+            let envelope = self.wait_for_room(&mut state, envelope)?;
             let timer = match self.timer.schedule(id.clone(), delay) {
                 Ok(t) => t,
-                Err(_) => {
-                    let envelope = Arc::try_unwrap(envelope).unwrap_or_else(|e| (*e).clone());
-                    return Err(PersistError::Shutdown(Box::new(envelope)));
-                }
+                Err(_) => return Err(PersistError::Shutdown(unshare(envelope))),
             };
             let entry = Entry {
                 envelope: envelope.clone(),
                 timer: Some(timer),
                 persisted: false,
             };
-            if let Some(old) = index.insert(id.clone(), entry) {
+            if let Some(old) = state.index.insert(id.clone(), entry) {
                 if let Some(t) = old.timer {
                     self.timer.cancel(t);
                 }
-                if let Some(entry) = index.get_mut(&*id) {
+                if let Some(entry) = state.index.get_mut(&*id) {
                     entry.persisted = old.persisted;
                 }
             }
-            let mut journal = self.inner.journal.lock();
-            journal.record(id, Change::Upsert(envelope));
-            journal.flushed
+            state.journal.record(id, Change::Upsert(envelope));
+            state.journal.flushed
         };
         if self.inner.cfg.durability == Durability::WriteThrough {
             // The round in progress may have taken its changes before this one: wait for the
@@ -422,9 +428,12 @@ impl<S: TaskStore> Persistent<S> {
     }
 
     /// Blocks (policy `Block`) or refuses (policy `Error`) while the journal is at its bound.
-    fn wait_for_room(&self, envelope: Envelope) -> Result<Envelope, PersistError> {
-        let mut journal = self.inner.journal.lock();
-        while journal.ops.len() >= self.inner.cfg.journal_bound {
+    fn wait_for_room(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        envelope: Arc<Envelope>,
+    ) -> Result<Arc<Envelope>, PersistError> {
+        while state.journal.ops.len() >= self.inner.cfg.journal_bound {
             metrics::counter!("delaywheel_journal_full_total").increment(1);
             match self.inner.cfg.when_full {
                 WhenFull::Error => {
@@ -432,7 +441,7 @@ impl<S: TaskStore> Persistent<S> {
                         bound = self.inner.cfg.journal_bound,
                         "journal full: task refused"
                     );
-                    return Err(PersistError::JournalFull(Box::new(envelope)));
+                    return Err(PersistError::JournalFull(unshare(envelope)));
                 }
                 WhenFull::Block => {
                     tracing::warn!(
@@ -441,9 +450,9 @@ impl<S: TaskStore> Persistent<S> {
                     );
                     self.inner
                         .flushed
-                        .wait_for(&mut journal, Duration::from_millis(100));
+                        .wait_for(state, Duration::from_millis(100));
                     if self.inner.stopping.load(SeqCst) {
-                        return Err(PersistError::Shutdown(Box::new(envelope)));
+                        return Err(PersistError::Shutdown(unshare(envelope)));
                     }
                 }
             }
@@ -452,18 +461,19 @@ impl<S: TaskStore> Persistent<S> {
     }
 
     fn wait_flushed(&self, round: u64) {
-        let mut journal = self.inner.journal.lock();
-        while journal.flushed < round && !self.inner.stopping.load(SeqCst) {
-            self.inner.kick(&mut journal);
+        let mut state = self.inner.state.lock();
+        while state.journal.flushed < round && !self.inner.stopping.load(SeqCst) {
+            self.inner.kick(&mut state.journal);
             self.inner
                 .flushed
-                .wait_for(&mut journal, Duration::from_millis(100));
+                .wait_for(&mut state, Duration::from_millis(100));
         }
     }
 
     /// Cancels task `id`; `false` if it is not pending (unknown, or already fired).
     pub fn cancel(&self, id: &str) -> bool {
-        let mut index = self.inner.index.lock();
+        let mut state = self.inner.state.lock();
+        let State { index, journal } = &mut *state;
         let Some(entry) = index.get(id) else {
             return false;
         };
@@ -475,7 +485,6 @@ impl<S: TaskStore> Persistent<S> {
         let Some((id, _)) = index.remove_entry(id) else {
             return false;
         };
-        let mut journal = self.inner.journal.lock();
         let unsent = matches!(journal.ops.get(&*id), Some(Change::Upsert(_)));
         if unsent && !persisted {
             // Scheduled and cancelled within one flush window: Redis never hears of it.
@@ -489,20 +498,20 @@ impl<S: TaskStore> Persistent<S> {
     /// Acknowledges a fired task: it leaves Redis with the next flush. `false` if `id` is not a
     /// fired, unacknowledged task.
     pub fn ack(&self, id: &str) -> bool {
-        let mut index = self.inner.index.lock();
-        if index.get(id).is_none_or(|e| e.timer.is_some()) {
+        let mut state = self.inner.state.lock();
+        if state.index.get(id).is_none_or(|e| e.timer.is_some()) {
             return false;
         }
-        let Some((id, _)) = index.remove_entry(id) else {
+        let Some((id, _)) = state.index.remove_entry(id) else {
             return false;
         };
-        self.inner.journal.lock().record(id, Change::Remove);
+        state.journal.record(id, Change::Remove);
         true
     }
 
     /// Tasks pending or fired and not yet acknowledged.
     pub fn len(&self) -> usize {
-        self.inner.index.lock().len()
+        self.inner.state.lock().index.len()
     }
 
     /// Whether there are none.
@@ -512,12 +521,12 @@ impl<S: TaskStore> Persistent<S> {
 
     /// Whether task `id` is held: pending, or fired and not yet acknowledged.
     pub fn contains(&self, id: &str) -> bool {
-        self.inner.index.lock().contains_key(id)
+        self.inner.state.lock().index.contains_key(id)
     }
 
     /// Unflushed changes in the journal.
     pub fn journal_depth(&self) -> usize {
-        self.inner.journal.lock().ops.len()
+        self.inner.state.lock().journal.ops.len()
     }
 
     /// Loads every task in Redis into the wheel (overdue ones fire at once), paging through the
@@ -566,7 +575,8 @@ impl<S: TaskStore> Persistent<S> {
                 report.dead_lettered += page.broken.len();
             }
             let now = self.inner.cfg.clock.now_ms();
-            let mut index = self.inner.index.lock();
+            let mut state = self.inner.state.lock();
+            let index = &mut state.index;
             for envelope in page.tasks {
                 if index.contains_key(envelope.id.as_str()) {
                     continue; // a ZSCAN may return an entry twice
@@ -612,18 +622,18 @@ impl<S: TaskStore> Persistent<S> {
     /// most `timeout`. Returns whether it got there (`false`: Redis is down or slow).
     pub fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let mut journal = self.inner.journal.lock();
+        let mut state = self.inner.state.lock();
         // The round in progress may have started before the last change: wait for the next.
-        let target = journal.flushed + 2;
-        while journal.flushed < target {
-            self.inner.kick(&mut journal);
+        let target = state.journal.flushed + 2;
+        while state.journal.flushed < target {
+            self.inner.kick(&mut state.journal);
             if self
                 .inner
                 .flushed
-                .wait_until(&mut journal, deadline)
+                .wait_until(&mut state, deadline)
                 .timed_out()
             {
-                return journal.flushed >= target;
+                return state.journal.flushed >= target;
             }
         }
         true
@@ -636,22 +646,23 @@ impl<S: TaskStore> Persistent<S> {
     /// did not complete within `timeout` (the store is down; the flusher keeps retrying it).
     pub fn snapshot(&self, timeout: Duration) -> Option<usize> {
         let deadline = Instant::now() + timeout;
-        let mut journal = self.inner.journal.lock();
-        journal.snapshot_wanted = true;
-        let target = journal.snapshots + 1;
-        self.inner.kick(&mut journal);
-        while journal.snapshots < target {
+        let mut state = self.inner.state.lock();
+        state.journal.snapshot_wanted = true;
+        let target = state.journal.snapshots + 1;
+        self.inner.kick(&mut state.journal);
+        while state.journal.snapshots < target {
             if self.inner.stopping.load(SeqCst)
                 || self
                     .inner
                     .flushed
-                    .wait_until(&mut journal, deadline)
+                    .wait_until(&mut state, deadline)
                     .timed_out()
             {
+                let journal = &state.journal;
                 return (journal.snapshots >= target).then_some(journal.snapshot_len);
             }
         }
-        Some(journal.snapshot_len)
+        Some(state.journal.snapshot_len)
     }
 
     /// Stops the engine and the flusher after a final flush of up to 5 s. Pending tasks stay in
@@ -690,8 +701,8 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
         return;
     }
     let envelope = {
-        let mut index = inner.index.lock();
-        match index.get_mut(id) {
+        let mut state = inner.state.lock();
+        match state.index.get_mut(id) {
             Some(entry) if entry.timer.is_some() => {
                 entry.timer = None;
                 (*entry.envelope).clone()
@@ -746,6 +757,12 @@ fn upsert_op(envelope: &Envelope) -> Option<Op> {
     }
 }
 
+/// The envelope of a refused schedule, handed back: the only reference, unless the call went
+/// as far as sharing it (then a copy).
+fn unshare(envelope: Arc<Envelope>) -> Box<Envelope> {
+    Box::new(Arc::try_unwrap(envelope).unwrap_or_else(|e| (*e).clone()))
+}
+
 /// Aborts a task when dropped (an early return from `restore` stops its fetcher).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -765,9 +782,8 @@ enum Round {
 
 /// Takes the next round's work out of the journal (and, for a snapshot, the index).
 fn take_round(inner: &Inner) -> Round {
-    // Lock order: index, then journal (see the ground rules).
-    let mut index = inner.index.lock();
-    let mut journal = inner.journal.lock();
+    let mut state = inner.state.lock();
+    let State { index, journal } = &mut *state;
     metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
     if let Some(t) = journal.oldest {
         metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
@@ -885,9 +901,10 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
                 metrics::counter!("delaywheel_flushed_ops_total")
                     .increment((total - failed.len()) as u64);
                 if lost {
-                    inner.journal.lock().snapshot_wanted = true;
+                    inner.state.lock().journal.snapshot_wanted = true;
                 } else if !failed.is_empty() {
-                    let mut journal = inner.journal.lock();
+                    let mut state = inner.state.lock();
+                    let journal = &mut state.journal;
                     // Changes made while this batch was out are newer: they win. After a
                     // snapshot was asked for, the snapshot covers these too.
                     if !journal.snapshot_wanted {
@@ -907,14 +924,15 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
                 match rt.block_on(store.replace_all(&ops)) {
                     Ok(()) => (Ok(()), Some(ops.len())),
                     Err(e) => {
-                        inner.journal.lock().snapshot_wanted = true;
+                        inner.state.lock().journal.snapshot_wanted = true;
                         (Err(e), None)
                     }
                 }
             }
         };
         {
-            let mut journal = inner.journal.lock();
+            let mut state = inner.state.lock();
+            let journal = &mut state.journal;
             match result {
                 Ok(()) => {
                     journal.flushed += 1;
@@ -942,10 +960,10 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
         if stopping {
             break;
         }
-        let mut journal = inner.journal.lock();
-        if !inner.stopping.load(SeqCst) && (!journal.kicked || down_since.is_some()) {
-            inner.kick.wait_for(&mut journal, backoff);
+        let mut state = inner.state.lock();
+        if !inner.stopping.load(SeqCst) && (!state.journal.kicked || down_since.is_some()) {
+            inner.kick.wait_for(&mut state, backoff);
         }
-        journal.kicked = false;
+        state.journal.kicked = false;
     }
 }
