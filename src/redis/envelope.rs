@@ -1,6 +1,7 @@
 //! The task envelope of design note 000: what is stored for each pending task.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -92,9 +93,75 @@ impl Envelope {
         Ok(counter.0)
     }
 
+    /// Checks what [`check`](Self::check) checks, with the same answer, but skips the exact
+    /// count when an upper bound of the encoded size is within `limit` (the usual case: the
+    /// bound costs a walk over the payload's values, not a scan of every byte).
+    pub(crate) fn fits(&self, limit: usize) -> Result<(), EnvelopeError> {
+        if self.id.is_empty() {
+            return Err(EnvelopeError::EmptyId);
+        }
+        if self.due_at > MAX_DUE_MS {
+            return Err(EnvelopeError::DueTooLate(self.due_at));
+        }
+        if self.size_bound() <= limit {
+            return Ok(());
+        }
+        self.check(limit).map(drop)
+    }
+
+    /// An upper bound of the encoded size: the encoding of an empty envelope (so the field
+    /// names are counted by serde itself), plus every string byte at its longest escape and
+    /// every number at its longest.
+    fn size_bound(&self) -> usize {
+        static EMPTY: OnceLock<usize> = OnceLock::new();
+        let empty = *EMPTY.get_or_init(|| {
+            let empty = Envelope {
+                id: String::new(),
+                topic: String::new(),
+                payload: serde_json::Value::Null,
+                attempt: 0,
+                created_at: 0,
+                due_at: 0,
+            };
+            let mut counter = Counter(0);
+            // A fixed, encodable value: cannot fail; a generous guess if it ever did.
+            serde_json::to_writer(&mut counter, &empty).map_or(256, |()| counter.0)
+        });
+        empty
+            + ESCAPED_MAX * (self.id.len() + self.topic.len())
+            + json_bound(&self.payload)
+            + 3 * NUMBER_MAX
+    }
+
     /// Decodes an envelope written by [`encode`](Self::encode).
     pub fn decode(bytes: &[u8]) -> Result<Envelope, serde_json::Error> {
         serde_json::from_slice(bytes)
+    }
+}
+
+/// The longest encoding of one byte of a string (`\u001f`).
+const ESCAPED_MAX: usize = 6;
+
+/// The longest encoding of a JSON number serde_json writes: 20 digits for a `u64`, a sign and
+/// 19 digits for an `i64`, at most 24 characters for an `f64` (ryu's shortest form).
+const NUMBER_MAX: usize = 24;
+
+/// An upper bound of the length of `value` encoded by serde_json.
+fn json_bound(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let string = |s: &str| 2 + ESCAPED_MAX * s.len();
+    match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => NUMBER_MAX,
+        Value::String(s) => string(s),
+        // Brackets, and a comma after each item (one too many: a bound).
+        Value::Array(items) => 2 + items.iter().map(|v| json_bound(v) + 1).sum::<usize>(),
+        Value::Object(fields) => {
+            2 + fields
+                .iter()
+                .map(|(k, v)| string(k) + 1 + json_bound(v) + 1)
+                .sum::<usize>()
+        }
     }
 }
 
@@ -109,5 +176,89 @@ impl std::io::Write for Counter {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from), // NaN and infinities become null
+            prop_oneof![
+                Just(f64::MIN),
+                Just(-f64::MIN_POSITIVE),
+                Just(-1.234_567_890_123_456_7e-300)
+            ]
+            .prop_map(Value::from),
+            ".*".prop_map(Value::String),
+            "[\\x00-\\x1f\"\\\\]{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((".{0,6}", inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// The bound never undercounts, so `fits` refuses exactly what `check` refuses.
+        #[test]
+        fn the_bound_is_never_below_the_encoding(
+            id in "[^\\n]{1,12}|[\\x00-\\x1f\\x7f]{1,3}",
+            topic in ".{0,12}",
+            payload in json(),
+            attempt: u32,
+            created_at: u64,
+            due_at in 0..=MAX_DUE_MS,
+        ) {
+            let e = Envelope { id, topic, payload, attempt, created_at, due_at };
+            let size = e.check(usize::MAX).unwrap();
+            prop_assert!(e.size_bound() >= size, "bound {} < size {}", e.size_bound(), size);
+            for limit in [size.saturating_sub(1), size, e.size_bound()] {
+                prop_assert_eq!(e.fits(limit).is_ok(), e.check(limit).is_ok());
+                prop_assert_eq!(e.fits(limit).err(), e.check(limit).err());
+            }
+        }
+    }
+
+    #[test]
+    fn fits_refuses_what_check_refuses() {
+        let mut e = Envelope {
+            id: String::new(),
+            topic: "t".into(),
+            payload: Value::Null,
+            attempt: 0,
+            created_at: 0,
+            due_at: 0,
+        };
+        assert_eq!(e.fits(1 << 20), Err(EnvelopeError::EmptyId));
+        e.id = "a".into();
+        e.due_at = MAX_DUE_MS + 1;
+        assert_eq!(
+            e.fits(1 << 20),
+            Err(EnvelopeError::DueTooLate(MAX_DUE_MS + 1))
+        );
+        e.due_at = 0;
+        let size = e.check(usize::MAX).unwrap();
+        assert!(e.fits(size).is_ok());
+        assert_eq!(
+            e.fits(size - 1),
+            Err(EnvelopeError::TooLarge {
+                size,
+                limit: size - 1
+            })
+        );
     }
 }

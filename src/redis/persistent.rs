@@ -386,7 +386,7 @@ impl<S: TaskStore> Persistent<S> {
     fn schedule_at(&self, envelope: Envelope, now: u64) -> Result<(), PersistError> {
         // Checked (size, id, due time) here, so the caller gets the envelope back; encoded
         // later by the flusher.
-        if let Err(e) = envelope.check(self.inner.cfg.max_envelope) {
+        if let Err(e) = envelope.fits(self.inner.cfg.max_envelope) {
             return Err(PersistError::Envelope(e, Box::new(envelope)));
         }
         if self.inner.stopping.load(SeqCst) {
