@@ -192,6 +192,17 @@ enum Change {
     Remove,
 }
 
+impl Change {
+    /// The due time it writes; removals sort after every write.
+    fn due_at(&self) -> u64 {
+        match self {
+            Change::Upsert(envelope) => envelope.due_at,
+            Change::Encoded(Op::Upsert { due_at, .. }) => *due_at,
+            Change::Encoded(Op::Remove(_)) | Change::Remove => u64::MAX,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Journal {
     ops: Ids<Change>,
@@ -815,24 +826,25 @@ fn take_round(inner: &Inner) -> Round {
 /// order in which batches land does not matter.
 const IN_FLIGHT: usize = 4;
 
-/// Writes `ops` in batches of `batch`, up to [`IN_FLIGHT`] at a time. Returns the operations
-/// that were not written (from the first failure on), the error, and whether a batch was
-/// lost (its write panicked).
+/// Writes `ops` in batches of `batch`, up to [`IN_FLIGHT`] at a time; the next batch is
+/// taken from `ops` (and so encoded) while those are in flight. Returns how many operations
+/// it took, those that were not written (from the first failure on), the error, and whether a
+/// batch was lost (its write panicked).
 fn write_batches<S: TaskStore>(
     store: &S,
     rt: &tokio::runtime::Runtime,
-    ops: Vec<Op>,
+    mut ops: impl Iterator<Item = Op>,
     batch: usize,
-) -> (Vec<Op>, Option<StoreError>, bool) {
+) -> (usize, Vec<Op>, Option<StoreError>, bool) {
     rt.block_on(async {
         let mut in_flight = tokio::task::JoinSet::new();
-        let (mut failed, mut error, mut lost) = (Vec::new(), None, false);
-        let mut ops = ops.into_iter();
+        let (mut sent, mut failed, mut error, mut lost) = (0, Vec::new(), None, false);
         loop {
             let chunk: Vec<Op> = ops.by_ref().take(batch).collect();
             if chunk.is_empty() {
                 break;
             }
+            sent += chunk.len();
             if error.is_some() {
                 failed.extend(chunk);
                 continue;
@@ -850,7 +862,7 @@ fn write_batches<S: TaskStore>(
         while let Some(done) = in_flight.join_next().await {
             settle(Some(done), &mut failed, &mut error, &mut lost);
         }
-        (failed, error, lost)
+        (sent, failed, error, lost)
     })
 }
 
@@ -888,18 +900,16 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
     loop {
         let stopping = inner.stopping.load(SeqCst);
         let (result, written) = match take_round(inner) {
-            Round::Journal(changes, oldest) => {
-                // Encoding happens here, outside every lock.
-                let mut ops: Vec<Op> = changes.into_iter().filter_map(into_op).collect();
+            Round::Journal(mut changes, oldest) => {
                 // In due order, so each batch touches one stretch of the ZSET (removals last).
-                ops.sort_unstable_by_key(|op| match op {
-                    Op::Upsert { due_at, .. } => *due_at,
-                    Op::Remove(_) => u64::MAX,
-                });
-                let total = ops.len();
-                let (failed, error, lost) = write_batches(store, rt, ops, inner.cfg.batch.max(1));
+                changes.sort_unstable_by_key(|(_, change)| change.due_at());
+                // Encoded batch by batch, outside every lock, while the batches before are in
+                // flight.
+                let ops = changes.into_iter().filter_map(into_op);
+                let (sent, failed, error, lost) =
+                    write_batches(store, rt, ops, inner.cfg.batch.max(1));
                 metrics::counter!("delaywheel_flushed_ops_total")
-                    .increment((total - failed.len()) as u64);
+                    .increment((sent - failed.len()) as u64);
                 if lost {
                     inner.state.lock().journal.snapshot_wanted = true;
                 } else if !failed.is_empty() {
