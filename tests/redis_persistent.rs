@@ -1,8 +1,10 @@
 //! Write-behind persistence against a private `redis-server`: restart, coalescing, Redis down
 //! with a bounded journal, WriteThrough, restore of broken entries, snapshots, the overdue
-//! policy and the dedup markers.
+//! policy, the dedup markers, and a namespace on a Redis Cluster.
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -15,6 +17,7 @@ use delaywheel::redis::{
     WallClock, WhenFull,
 };
 use delaywheel::ManualClock;
+use redis_cluster::RedisCluster;
 use redis_server::RedisServer;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -408,4 +411,126 @@ fn acl_users_and_passwords_work_through_the_url() {
     assert!(!p.flush(Duration::from_millis(300)));
     assert_eq!(p.journal_depth(), 1);
     assert_eq!(redis_int(&server, &["ZCARD", "{acl}:due"]), 1);
+}
+
+/// A namespace on a 3-node Redis Cluster: the flusher's MULTI batches, the snapshot's scratch
+/// keys and RENAMEs, and the restore's ZSCAN + HMGET pages all go to the node that owns the
+/// namespace's slot, and a restarted engine fires what the first one left.
+#[test]
+fn tasks_persist_and_restore_on_a_redis_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let mut cfg = PersistConfig::new("redis://not-used.invalid/", "clustered");
+    cfg.cluster_nodes = urls.clone();
+    let (n, soon) = (2_000u64, 10u64);
+    let far = now_ms() + 3_600_000;
+    let due_soon = now_ms() + 2_000;
+    let mut expected = HashSet::new();
+    {
+        let (engine, _fired) = Persistent::start(cfg.clone()).unwrap();
+        for i in 0..n {
+            let payload = serde_json::json!({ "i": i });
+            engine
+                .schedule(format!("t{i}"), "job", payload, far + i)
+                .unwrap();
+        }
+        for i in 0..soon {
+            engine
+                .schedule(format!("soon{i}"), "job", serde_json::Value::Null, due_soon)
+                .unwrap();
+            expected.insert(format!("soon{i}"));
+        }
+        assert!(engine.flush(PATIENCE), "flush to the cluster");
+        for i in 0..n {
+            if i % 4 == 0 {
+                assert!(engine.cancel(&format!("t{i}")));
+            } else {
+                expected.insert(format!("t{i}"));
+            }
+        }
+        let held = expected.len();
+        assert_eq!(
+            engine.snapshot(PATIENCE),
+            Some(held),
+            "snapshot on the cluster"
+        );
+        engine.shutdown();
+    }
+    // The cluster holds exactly the pending set, all of it on one node.
+    let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let due: HashSet<String> = redis::cmd("ZRANGE")
+        .arg("{clustered}:due")
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(due, expected);
+    let tasks: u64 = redis::cmd("HLEN")
+        .arg("{clustered}:tasks")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(tasks, expected.len() as u64);
+    assert_eq!(
+        nodes_with_keys_of(&urls),
+        1,
+        "a namespace lives in one slot"
+    );
+    // A restart loads them from the cluster and fires the ones due soon.
+    let (engine, fired) = Persistent::start(cfg).unwrap();
+    let report = engine.restore(500).unwrap();
+    assert_eq!(report.loaded, expected.len());
+    let mut got = HashSet::new();
+    while got.len() < soon as usize {
+        let task = fired.recv_timeout(PATIENCE).expect("restored task fired");
+        assert!(task.id.starts_with("soon"), "{} fired early", task.id);
+        assert!(got.insert(task.id.clone()), "{} fired twice", task.id);
+        assert!(engine.ack(&task.id));
+    }
+    assert!(engine.flush(PATIENCE));
+    let left: u64 = redis::cmd("ZCARD")
+        .arg("{clustered}:due")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        left,
+        expected.len() as u64 - soon,
+        "acked tasks leave the cluster"
+    );
+    engine.shutdown();
+    // The dedup markers work there too, in the namespace's slot.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dedup = rt
+        .block_on(Dedup::connect_to(
+            "redis://not-used.invalid/",
+            &urls,
+            "clustered",
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        ))
+        .unwrap();
+    assert_eq!(rt.block_on(dedup.begin("soon0")).unwrap(), Begin::Run);
+    rt.block_on(dedup.finish("soon0")).unwrap();
+    assert_eq!(
+        rt.block_on(dedup.begin("soon0")).unwrap(),
+        Begin::AlreadyDone
+    );
+    assert_eq!(
+        nodes_with_keys_of(&urls),
+        1,
+        "the marker is in the namespace's slot"
+    );
+}
+
+/// How many nodes of a cluster hold any key.
+fn nodes_with_keys_of(urls: &[String]) -> usize {
+    urls.iter()
+        .filter(|url| {
+            let mut node = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            redis::cmd("DBSIZE").query::<u64>(&mut node).unwrap() > 0
+        })
+        .count()
 }

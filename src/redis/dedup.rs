@@ -9,9 +9,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
 use super::layout::{KeyLayout, NamespaceError};
+use super::link::Link;
 use super::store::StoreError;
 
 /// What [`Dedup::begin`] found for a task id.
@@ -29,7 +28,7 @@ pub enum Begin {
 /// Processed-id markers at `{ns}:done:<id>`, in the namespace's hash slot.
 #[derive(Clone)]
 pub struct Dedup {
-    conn: ConnectionManager,
+    conn: Link,
     prefix: String,
     lease: Duration,
     keep: Duration,
@@ -55,8 +54,21 @@ impl Dedup {
         lease: Duration,
         keep: Duration,
     ) -> Result<Dedup, DedupError> {
+        Dedup::connect_to(url, &[], ns, lease, keep).await
+    }
+
+    /// Like [`connect`](Self::connect), on the Redis Cluster that `nodes` belong to (or, when
+    /// `nodes` is empty, on `url`). The markers share the namespace's hash tag, so they live in
+    /// its slot.
+    pub async fn connect_to(
+        url: &str,
+        nodes: &[String],
+        ns: &str,
+        lease: Duration,
+        keep: Duration,
+    ) -> Result<Dedup, DedupError> {
         let keys = KeyLayout::new(ns).map_err(DedupError::Namespace)?;
-        let conn = super::store::connection_manager(url)
+        let conn = Link::open(url, nodes)
             .await
             .map_err(|e| DedupError::Store(e.into()))?;
         Ok(Dedup {

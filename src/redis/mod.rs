@@ -62,6 +62,7 @@ mod consumer;
 mod dedup;
 mod envelope;
 mod layout;
+mod link;
 mod persistent;
 mod queue;
 mod scripts;

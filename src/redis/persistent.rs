@@ -76,6 +76,10 @@ pub enum Overdue {
 pub struct PersistConfig {
     /// Redis URL (`redis://user:password@host/db`, `redis+unix:///path`, ...).
     pub url: String,
+    /// Seed nodes of a Redis Cluster (`redis://host:port`); when given, the engine talks to
+    /// the cluster and `url` is not used. The namespace's keys share one hash tag, so they
+    /// live in one slot and each batch is still one MULTI on one node.
+    pub cluster_nodes: Vec<String>,
     /// The namespace: keys are `{ns}:due`, `{ns}:tasks`, `{ns}:dead`.
     pub namespace: String,
     /// How often the flusher writes (default 5 ms).
@@ -104,6 +108,7 @@ impl PersistConfig {
     pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> PersistConfig {
         PersistConfig {
             url: url.into(),
+            cluster_nodes: Vec::new(),
             namespace: namespace.into(),
             flush_interval: Duration::from_millis(5),
             batch: 1_000,
@@ -306,10 +311,12 @@ impl Persistent<RedisStore> {
     ) -> Result<(Persistent<RedisStore>, Receiver<Envelope>), PersistError> {
         let keys = KeyLayout::new(&cfg.namespace).map_err(PersistError::Namespace)?;
         let rt = store_runtime()?;
-        let url = cfg.url.clone();
-        let store = wait_on(&rt, async move { RedisStore::connect(&url, keys).await })
-            .ok_or_else(runtime_stopped)?
-            .map_err(PersistError::Store)?;
+        let (url, nodes) = (cfg.url.clone(), cfg.cluster_nodes.clone());
+        let store = wait_on(&rt, async move {
+            RedisStore::connect_to(&url, &nodes, keys).await
+        })
+        .ok_or_else(runtime_stopped)?
+        .map_err(PersistError::Store)?;
         Persistent::launch(cfg, store, rt)
     }
 }

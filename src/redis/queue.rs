@@ -10,10 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
 use super::envelope::{Envelope, EnvelopeError};
 use super::layout::{KeyLayout, NamespaceError};
+use super::link::Link;
 use super::persistent::now_ms;
 use super::scripts;
 use super::store::StoreError;
@@ -296,45 +295,6 @@ pub struct DeadTask {
     pub raw: String,
 }
 
-/// A connection to one Redis node, or to a Redis Cluster (which routes each command by the
-/// slot of its keys; every queue command touches one shard, so one slot).
-#[derive(Clone)]
-pub(crate) enum Link {
-    Node(ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl redis::aio::ConnectionLike for Link {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            Link::Node(c) => c.req_packed_command(cmd),
-            Link::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            Link::Node(c) => c.req_packed_commands(pipeline, offset, count),
-            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Link::Node(c) => c.get_db(),
-            Link::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
 /// Redis connection shared by the producer and consumer sides, counting the commands it sends.
 #[derive(Clone)]
 pub(crate) struct Conn {
@@ -345,14 +305,8 @@ pub(crate) struct Conn {
 impl Conn {
     /// Connects to `cfg.cluster_nodes` as a cluster when there are any, else to `cfg.url`.
     pub(crate) async fn open(cfg: &QueueConfig) -> Result<Conn, QueueError> {
-        let conn = if cfg.cluster_nodes.is_empty() {
-            Link::Node(super::store::connection_manager(&cfg.url).await?)
-        } else {
-            let client = redis::cluster::ClusterClient::new(cfg.cluster_nodes.clone())?;
-            Link::Cluster(client.get_async_connection().await?)
-        };
         Ok(Conn {
-            conn,
+            conn: Link::open(&cfg.url, &cfg.cluster_nodes).await?,
             commands: Arc::new(AtomicU64::new(0)),
         })
     }

@@ -5,26 +5,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 
-use redis::aio::ConnectionManager;
-
 use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::KeyLayout;
+use super::link::Link;
 use super::task_store::TaskStore;
-
-/// A multiplexed connection that reconnects by itself. A failed (re)connection is retried
-/// twice, within half a second, before the error is returned: the callers (the flusher, the
-/// consumer loops) have their own backoff, and a wrong password should fail fast. Replies may
-/// take up to 10 s.
-pub(crate) async fn connection_manager(url: &str) -> Result<ConnectionManager, redis::RedisError> {
-    let client = redis::Client::open(url)?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_number_of_retries(2)
-        .set_max_delay(std::time::Duration::from_millis(200))
-        // A claim of 500 large envelopes can be a reply of megabytes: do not give up on it
-        // after the default 500 ms while the script has already run.
-        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
-    client.get_connection_manager_with_config(config).await
-}
 
 /// One change to the stored set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,12 +162,12 @@ pub struct Page {
     pub broken: Vec<Broken>,
 }
 
-/// Pending tasks of one namespace in Redis. Cheap to clone (one multiplexed connection that
-/// reconnects by itself).
+/// Pending tasks of one namespace in Redis, on one node or a Redis Cluster. Cheap to clone
+/// (one multiplexed connection that reconnects by itself).
 #[derive(Clone)]
 pub struct RedisStore {
     keys: KeyLayout,
-    conn: ConnectionManager,
+    conn: Link,
 }
 
 impl fmt::Debug for RedisStore {
@@ -199,7 +183,18 @@ impl RedisStore {
     /// redis crate is built with it, `redis+unix:///path`) for the namespace whose keys are
     /// `keys`.
     pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
-        let conn = connection_manager(url).await?;
+        RedisStore::connect_to(url, &[], keys).await
+    }
+
+    /// Connects to the Redis Cluster that `nodes` (one URL per known node) belong to; or, when
+    /// `nodes` is empty, to the single node at `url`. Every key of a namespace carries one hash
+    /// tag, so the namespace lives in one slot and its MULTI batches stay on one node.
+    pub async fn connect_to(
+        url: &str,
+        nodes: &[String],
+        keys: KeyLayout,
+    ) -> Result<RedisStore, StoreError> {
+        let conn = Link::open(url, nodes).await?;
         Ok(RedisStore { keys, conn })
     }
 
