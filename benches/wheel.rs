@@ -607,27 +607,22 @@ fn report(plan: &Plan) {
         _ => "10M",
     };
     let flat = |op: &str, n: usize| median_ns_per_op(&format!("flatness/{op}"), label(n), n);
-    println!(
-        "| insert at {} ≤ 2× insert at 10k, into a warm wheel | {} ({} vs {} ns) |",
-        label(large),
-        ratio(flat("insert_warm", large), flat("insert_warm", small)),
-        fmt(flat("insert_warm", large)),
-        fmt(flat("insert_warm", small))
-    );
-    println!(
-        "| insert at {} vs 10k, into a new wheel (with the page faults of fresh memory) | {} ({} vs {} ns) |",
-        label(large),
-        ratio(flat("insert", large), flat("insert", small)),
-        fmt(flat("insert", large)),
-        fmt(flat("insert", small))
-    );
-    println!(
-        "| cancel at {} vs 10k (for information) | {} ({} vs {} ns) |",
-        label(large),
-        ratio(flat("cancel", large), flat("cancel", small)),
-        fmt(flat("cancel", large)),
-        fmt(flat("cancel", small))
-    );
+    for (op, what) in [
+        ("insert_warm", "≤ 2× insert at 10k, into a warm wheel"),
+        (
+            "insert",
+            "vs 10k, into a new wheel (with the page faults of fresh memory)",
+        ),
+        ("cancel", "vs 10k (for information)"),
+    ] {
+        println!(
+            "| {op} at {} {what} | {} ({} vs {} ns) |",
+            label(large),
+            ratio(flat(op, large), flat(op, small)),
+            fmt(flat(op, large)),
+            fmt(flat(op, small))
+        );
+    }
 }
 
 fn main() {
