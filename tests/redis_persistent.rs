@@ -501,8 +501,7 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
     // The dedup markers work there too, in the namespace's slot.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dedup = rt
-        .block_on(Dedup::connect_to(
-            "redis://not-used.invalid/",
+        .block_on(Dedup::connect_cluster(
             &urls,
             "clustered",
             Duration::from_secs(30),
@@ -515,6 +514,13 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
         rt.block_on(dedup.begin("soon0")).unwrap(),
         Begin::AlreadyDone
     );
+    assert_eq!(rt.block_on(dedup.begin("soon1")).unwrap(), Begin::Run);
+    assert_eq!(
+        rt.block_on(dedup.begin("soon1")).unwrap(),
+        Begin::InProgress
+    );
+    rt.block_on(dedup.abandon("soon1")).unwrap();
+    assert_eq!(rt.block_on(dedup.begin("soon1")).unwrap(), Begin::Run);
     assert_eq!(
         nodes_with_keys_of(&urls),
         1,

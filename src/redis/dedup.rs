@@ -7,6 +7,7 @@
 //! A redelivery that finds `running` backs off; once the lease lapses it runs again.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use super::layout::{KeyLayout, NamespaceError};
@@ -54,23 +55,29 @@ impl Dedup {
         lease: Duration,
         keep: Duration,
     ) -> Result<Dedup, DedupError> {
-        Dedup::connect_to(url, &[], ns, lease, keep).await
+        Dedup::on(Link::node(url), ns, lease, keep).await
     }
 
-    /// Like [`connect`](Self::connect), on the Redis Cluster that `nodes` belong to (or, when
-    /// `nodes` is empty, on `url`). The markers share the namespace's hash tag, so they live in
-    /// its slot.
-    pub async fn connect_to(
-        url: &str,
+    /// Like [`connect`](Self::connect), on the Redis Cluster that `nodes` (seed node URLs)
+    /// belong to. The markers share the namespace's hash tag, so they live in its slot.
+    pub async fn connect_cluster(
         nodes: &[String],
         ns: &str,
         lease: Duration,
         keep: Duration,
     ) -> Result<Dedup, DedupError> {
+        Dedup::on(Link::cluster(nodes), ns, lease, keep).await
+    }
+
+    /// Checks the namespace, then connects.
+    async fn on(
+        conn: impl Future<Output = Result<Link, redis::RedisError>>,
+        ns: &str,
+        lease: Duration,
+        keep: Duration,
+    ) -> Result<Dedup, DedupError> {
         let keys = KeyLayout::new(ns).map_err(DedupError::Namespace)?;
-        let conn = Link::open(url, nodes)
-            .await
-            .map_err(|e| DedupError::Store(e.into()))?;
+        let conn = conn.await.map_err(|e| DedupError::Store(e.into()))?;
         Ok(Dedup {
             conn,
             prefix: keys.marker_prefix(),

@@ -3,20 +3,30 @@
 //! of a namespace (and of a queue shard) carries one hash tag, so each command, script and
 //! MULTI batch stays in one slot.
 
+use std::time::Duration;
+
 use redis::aio::ConnectionManager;
 
-/// A multiplexed connection that reconnects by itself. A failed (re)connection is retried
-/// twice, within half a second, before the error is returned: the callers (the flusher, the
-/// consumer loops) have their own backoff, and a wrong password should fail fast. Replies may
-/// take up to 10 s.
+/// How many times a failed (re)connection is retried before the error is returned: the
+/// callers (the flusher, the consumer loops) have their own backoff, and a wrong password
+/// should fail fast.
+const RETRIES: u32 = 2;
+
+/// The longest wait between those retries.
+const MAX_RETRY_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a reply may take. A claim of 500 large envelopes can be a reply of megabytes: do
+/// not give up on it after the redis crate's default 500 ms while the script has already run;
+/// but never wait forever on a server that stopped answering without closing the connection.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A multiplexed connection to one node that reconnects by itself, with the limits above.
 pub(crate) async fn connection_manager(url: &str) -> Result<ConnectionManager, redis::RedisError> {
     let client = redis::Client::open(url)?;
     let config = redis::aio::ConnectionManagerConfig::new()
-        .set_number_of_retries(2)
-        .set_max_delay(std::time::Duration::from_millis(200))
-        // A claim of 500 large envelopes can be a reply of megabytes: do not give up on it
-        // after the default 500 ms while the script has already run.
-        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
+        .set_number_of_retries(RETRIES as usize)
+        .set_max_delay(MAX_RETRY_WAIT)
+        .set_response_timeout(Some(RESPONSE_TIMEOUT));
     client.get_connection_manager_with_config(config).await
 }
 
@@ -28,16 +38,33 @@ pub(crate) enum Link {
 }
 
 impl Link {
-    /// Connects to the cluster of `cluster_nodes` when there are any, else to `url`.
+    /// Connects to the node at `url`.
+    pub(crate) async fn node(url: &str) -> Result<Link, redis::RedisError> {
+        Ok(Link::Node(connection_manager(url).await?))
+    }
+
+    /// Connects to the Redis Cluster that `nodes` (seed node URLs) belong to, with the same
+    /// retry and reply limits as a node.
+    pub(crate) async fn cluster(nodes: &[String]) -> Result<Link, redis::RedisError> {
+        let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
+            .retries(RETRIES)
+            .max_retry_wait(MAX_RETRY_WAIT.as_millis() as u64)
+            .connection_timeout(RESPONSE_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .build()?;
+        Ok(Link::Cluster(client.get_async_connection().await?))
+    }
+
+    /// For a configuration: the cluster of `cluster_nodes` when there are any, else `url`.
     pub(crate) async fn open(
         url: &str,
         cluster_nodes: &[String],
     ) -> Result<Link, redis::RedisError> {
         if cluster_nodes.is_empty() {
-            return Ok(Link::Node(connection_manager(url).await?));
+            Link::node(url).await
+        } else {
+            Link::cluster(cluster_nodes).await
         }
-        let client = redis::cluster::ClusterClient::new(cluster_nodes.to_vec())?;
-        Ok(Link::Cluster(client.get_async_connection().await?))
     }
 }
 

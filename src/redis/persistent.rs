@@ -303,7 +303,8 @@ fn store_runtime() -> Result<Arc<OwnedRuntime>, PersistError> {
 }
 
 impl Persistent<RedisStore> {
-    /// Connects to `cfg.url`, starts the engine and the flusher. Call
+    /// Connects to `cfg.url` (or the Redis Cluster of `cfg.cluster_nodes`), starts the engine
+    /// and the flusher. Call
     /// [`restore`](Self::restore) next to load what a previous process left. Errors: a
     /// namespace that cannot be a hash tag, an unreachable Redis, no threads.
     pub fn start(
@@ -313,7 +314,11 @@ impl Persistent<RedisStore> {
         let rt = store_runtime()?;
         let (url, nodes) = (cfg.url.clone(), cfg.cluster_nodes.clone());
         let store = wait_on(&rt, async move {
-            RedisStore::connect_to(&url, &nodes, keys).await
+            if nodes.is_empty() {
+                RedisStore::connect(&url, keys).await
+            } else {
+                RedisStore::connect_cluster(&nodes, keys).await
+            }
         })
         .ok_or_else(runtime_stopped)?
         .map_err(PersistError::Store)?;
@@ -322,7 +327,8 @@ impl Persistent<RedisStore> {
 }
 
 impl<S: TaskStore> Persistent<S> {
-    /// Starts the engine on another store (`cfg.url` and `cfg.namespace` are not used). The
+    /// Starts the engine on another store (`cfg.url`, `cfg.cluster_nodes` and `cfg.namespace`
+    /// are not used). The
     /// store's futures run on the engine's own single-threaded tokio runtime.
     pub fn with_store(
         cfg: PersistConfig,
@@ -718,20 +724,22 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
         // Shutting down: the task stays in Redis; do not wait on a consumer that may be gone.
         return;
     }
-    let envelope = {
+    let shared = {
         let mut state = inner.state.lock();
         match state.index.get_mut(id) {
             Some(entry) if entry.timer.is_some() => {
                 entry.timer = None;
-                (*entry.envelope).clone()
+                entry.envelope.clone()
             }
             // Replaced or cancelled after the timer was taken out: nothing to deliver.
             _ => return,
         }
     };
+    // Copied out of the lock: a payload can be 64 KiB.
+    let mut envelope = (*shared).clone();
+    drop(shared);
     // Backpressure while the consumer is slow, but never past shutdown: an undelivered task
     // stays in Redis and fires again after the restart (at-least-once).
-    let mut envelope = envelope;
     loop {
         match tx.send_timeout(envelope, Duration::from_millis(20)) {
             Ok(()) => return,
@@ -833,32 +841,68 @@ fn take_round(inner: &Inner) -> Round {
 /// order in which batches land does not matter.
 const IN_FLIGHT: usize = 4;
 
+/// What [`write_batches`] did.
+#[derive(Default)]
+struct Written {
+    /// Operations Redis took.
+    written: usize,
+    /// Operations not written (from the first failure on), to be journaled again.
+    failed: Vec<Op>,
+    /// The first failure.
+    error: Option<StoreError>,
+    /// A batch was lost: its write panicked, and its operations with it.
+    lost: bool,
+}
+
+type BatchDone = Result<(Result<(), StoreError>, Vec<Op>), tokio::task::JoinError>;
+
+impl Written {
+    /// Books a finished batch: a failed one goes back to `failed`.
+    fn book(&mut self, done: BatchDone) {
+        match done {
+            Ok((Ok(()), chunk)) => self.written += chunk.len(),
+            Ok((Err(e), chunk)) => {
+                self.error.get_or_insert(e);
+                self.failed.extend(chunk);
+            }
+            Err(join) => {
+                // The store's future panicked and took its batch with it. Report it as a
+                // failure whose operations are gone: the caller then asks for a snapshot,
+                // which rewrites the whole pending set, so nothing stays lost.
+                tracing::error!(error = %join, "a store write panicked; a snapshot will repair it");
+                let e = StoreError::new(format!("store write panicked: {join}"));
+                self.error.get_or_insert(e);
+                self.lost = true;
+            }
+        }
+    }
+}
+
 /// Writes `ops` in batches of `batch`, up to [`IN_FLIGHT`] at a time; the next batch is
-/// taken from `ops` (and so encoded) while those are in flight. Returns how many operations
-/// it took, those that were not written (from the first failure on), the error, and whether a
-/// batch was lost (its write panicked).
+/// taken from `ops` (and so encoded) while those are in flight. After a failure the rest is
+/// not sent.
 fn write_batches<S: TaskStore>(
     store: &S,
     rt: &tokio::runtime::Runtime,
     mut ops: impl Iterator<Item = Op>,
     batch: usize,
-) -> (usize, Vec<Op>, Option<StoreError>, bool) {
+) -> Written {
     rt.block_on(async {
         let mut in_flight = tokio::task::JoinSet::new();
-        let (mut sent, mut failed, mut error, mut lost) = (0, Vec::new(), None, false);
+        let mut done = Written::default();
         loop {
             let chunk: Vec<Op> = ops.by_ref().take(batch).collect();
             if chunk.is_empty() {
                 break;
             }
-            sent += chunk.len();
-            if error.is_some() {
-                failed.extend(chunk);
+            if done.error.is_some() {
+                done.failed.extend(chunk);
                 continue;
             }
             while in_flight.len() >= IN_FLIGHT {
-                let done = in_flight.join_next().await;
-                settle(done, &mut failed, &mut error, &mut lost);
+                if let Some(batch) = in_flight.join_next().await {
+                    done.book(batch);
+                }
             }
             let store = store.clone();
             in_flight.spawn(async move {
@@ -866,37 +910,11 @@ fn write_batches<S: TaskStore>(
                 (result, chunk)
             });
         }
-        while let Some(done) = in_flight.join_next().await {
-            settle(Some(done), &mut failed, &mut error, &mut lost);
+        while let Some(batch) = in_flight.join_next().await {
+            done.book(batch);
         }
-        (sent, failed, error, lost)
+        done
     })
-}
-
-type BatchDone = Result<(Result<(), StoreError>, Vec<Op>), tokio::task::JoinError>;
-
-/// Books a finished batch: a failed one goes back to `failed`.
-fn settle(
-    done: Option<BatchDone>,
-    failed: &mut Vec<Op>,
-    error: &mut Option<StoreError>,
-    lost: &mut bool,
-) {
-    match done {
-        Some(Ok((Ok(()), _))) | None => {}
-        Some(Ok((Err(e), chunk))) => {
-            error.get_or_insert(e);
-            failed.extend(chunk);
-        }
-        Some(Err(join)) => {
-            // The store's future panicked and took its batch with it. Report it as a failure
-            // whose operations are gone: the caller then asks for a snapshot, which rewrites
-            // the whole pending set, so nothing stays lost.
-            tracing::error!(error = %join, "a store write panicked; a snapshot will repair it");
-            error.get_or_insert(StoreError::new(format!("store write panicked: {join}")));
-            *lost = true;
-        }
-    }
 }
 
 /// The flusher: every interval, write the journal in batches (or a snapshot when one is asked
@@ -908,15 +926,19 @@ fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runti
         let stopping = inner.stopping.load(SeqCst);
         let (result, written) = match take_round(inner) {
             Round::Journal(mut changes, oldest) => {
-                // In due order, so each batch touches one stretch of the ZSET (removals last).
-                changes.sort_unstable_by_key(|(_, change)| change.due_at());
+                // In due order, so each batch touches one stretch of the ZSET (removals last);
+                // each due time read once, not at every comparison.
+                changes.sort_by_cached_key(|(_, change)| change.due_at());
                 // Encoded batch by batch, outside every lock, while the batches before are in
                 // flight.
                 let ops = changes.into_iter().filter_map(into_op);
-                let (sent, failed, error, lost) =
-                    write_batches(store, rt, ops, inner.cfg.batch.max(1));
-                metrics::counter!("delaywheel_flushed_ops_total")
-                    .increment((sent - failed.len()) as u64);
+                let Written {
+                    written,
+                    failed,
+                    error,
+                    lost,
+                } = write_batches(store, rt, ops, inner.cfg.batch.max(1));
+                metrics::counter!("delaywheel_flushed_ops_total").increment(written as u64);
                 if lost {
                     inner.state.lock().journal.snapshot_wanted = true;
                 } else if !failed.is_empty() {

@@ -183,18 +183,18 @@ impl RedisStore {
     /// redis crate is built with it, `redis+unix:///path`) for the namespace whose keys are
     /// `keys`.
     pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
-        RedisStore::connect_to(url, &[], keys).await
+        let conn = Link::node(url).await?;
+        Ok(RedisStore { keys, conn })
     }
 
-    /// Connects to the Redis Cluster that `nodes` (one URL per known node) belong to; or, when
-    /// `nodes` is empty, to the single node at `url`. Every key of a namespace carries one hash
-    /// tag, so the namespace lives in one slot and its MULTI batches stay on one node.
-    pub async fn connect_to(
-        url: &str,
+    /// Connects to the Redis Cluster that `nodes` (seed node URLs) belong to. Every key of a
+    /// namespace carries one hash tag, so the namespace lives in one slot and each batch is
+    /// still one MULTI on the node that owns it.
+    pub async fn connect_cluster(
         nodes: &[String],
         keys: KeyLayout,
     ) -> Result<RedisStore, StoreError> {
-        let conn = Link::open(url, nodes).await?;
+        let conn = Link::cluster(nodes).await?;
         Ok(RedisStore { keys, conn })
     }
 
