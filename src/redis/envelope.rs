@@ -75,12 +75,7 @@ impl Envelope {
     /// Checks what [`encode`](Self::encode) checks, without building the bytes (the encoded
     /// JSON is only counted), and returns the encoded size.
     pub fn check(&self, limit: usize) -> Result<usize, EnvelopeError> {
-        if self.id.is_empty() {
-            return Err(EnvelopeError::EmptyId);
-        }
-        if self.due_at > MAX_DUE_MS {
-            return Err(EnvelopeError::DueTooLate(self.due_at));
-        }
+        self.check_fields()?;
         let mut counter = Counter(0);
         serde_json::to_writer(&mut counter, self)
             .map_err(|e| EnvelopeError::Encode(e.to_string()))?;
@@ -97,21 +92,27 @@ impl Envelope {
     /// count when an upper bound of the encoded size is within `limit` (the usual case: the
     /// bound costs a walk over the payload's values, not a scan of every byte).
     pub(crate) fn fits(&self, limit: usize) -> Result<(), EnvelopeError> {
-        if self.id.is_empty() {
-            return Err(EnvelopeError::EmptyId);
-        }
-        if self.due_at > MAX_DUE_MS {
-            return Err(EnvelopeError::DueTooLate(self.due_at));
-        }
+        self.check_fields()?;
         if self.size_bound() <= limit {
             return Ok(());
         }
         self.check(limit).map(drop)
     }
 
+    /// The id is not empty and the due time fits a score.
+    fn check_fields(&self) -> Result<(), EnvelopeError> {
+        if self.id.is_empty() {
+            return Err(EnvelopeError::EmptyId);
+        }
+        if self.due_at > MAX_DUE_MS {
+            return Err(EnvelopeError::DueTooLate(self.due_at));
+        }
+        Ok(())
+    }
+
     /// An upper bound of the encoded size: the encoding of an empty envelope (so the field
-    /// names are counted by serde itself), plus every string byte at its longest escape and
-    /// every number at its longest.
+    /// names are counted by serde itself), plus every string byte at its longest escape, the
+    /// envelope's integers at their longest and the payload's numbers exactly.
     fn size_bound(&self) -> usize {
         static EMPTY: OnceLock<usize> = OnceLock::new();
         let empty = *EMPTY.get_or_init(|| {
@@ -127,10 +128,15 @@ impl Envelope {
             // A fixed, encodable value: cannot fail; a generous guess if it ever did.
             serde_json::to_writer(&mut counter, &empty).map_or(256, |()| counter.0)
         });
-        empty
-            + ESCAPED_MAX * (self.id.len() + self.topic.len())
-            + json_bound(&self.payload)
-            + 3 * NUMBER_MAX
+        [
+            empty,
+            string_bound(&self.id),
+            string_bound(&self.topic),
+            json_bound(&self.payload),
+            3 * U64_MAX_DIGITS,
+        ]
+        .into_iter()
+        .fold(0, usize::saturating_add)
     }
 
     /// Decodes an envelope written by [`encode`](Self::encode).
@@ -142,26 +148,42 @@ impl Envelope {
 /// The longest encoding of one byte of a string (`\u001f`).
 const ESCAPED_MAX: usize = 6;
 
-/// The longest encoding of a JSON number serde_json writes: 20 digits for a `u64`, a sign and
-/// 19 digits for an `i64`, at most 24 characters for an `f64` (ryu's shortest form).
-const NUMBER_MAX: usize = 24;
+/// The digits of `u64::MAX`, the longest an envelope's integers can be.
+const U64_MAX_DIGITS: usize = 20;
 
-/// An upper bound of the length of `value` encoded by serde_json.
+/// An upper bound of the length of `s` encoded as a JSON string (saturating, like every bound
+/// here: a bound past `usize::MAX` is over any limit anyway).
+fn string_bound(s: &str) -> usize {
+    ESCAPED_MAX.saturating_mul(s.len()).saturating_add(2)
+}
+
+/// An upper bound of the length of `value` encoded by serde_json. Numbers are counted exactly
+/// (a few bytes each): with serde_json's `arbitrary_precision` feature, which any crate in the
+/// build can turn on, a number keeps its original text, of any length.
 fn json_bound(value: &serde_json::Value) -> usize {
     use serde_json::Value;
-    let string = |s: &str| 2 + ESCAPED_MAX * s.len();
+    let sum = |a: usize, b: usize| a.saturating_add(b);
     match value {
         Value::Null | Value::Bool(_) => 5,
-        Value::Number(_) => NUMBER_MAX,
-        Value::String(s) => string(s),
-        // Brackets, and a comma after each item (one too many: a bound).
-        Value::Array(items) => 2 + items.iter().map(|v| json_bound(v) + 1).sum::<usize>(),
-        Value::Object(fields) => {
-            2 + fields
-                .iter()
-                .map(|(k, v)| string(k) + 1 + json_bound(v) + 1)
-                .sum::<usize>()
+        Value::Number(n) => {
+            let mut counter = Counter(0);
+            // Writing a number into a counter cannot fail; a generous guess if it ever did.
+            serde_json::to_writer(&mut counter, n).map_or(64, |()| counter.0)
         }
+        Value::String(s) => string_bound(s),
+        // Brackets, and a comma after each item (one too many: a bound).
+        Value::Array(items) => items
+            .iter()
+            .map(|v| json_bound(v).saturating_add(1))
+            .fold(2, sum),
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(k, v)| {
+                string_bound(k)
+                    .saturating_add(json_bound(v))
+                    .saturating_add(2)
+            })
+            .fold(2, sum),
     }
 }
 
@@ -224,6 +246,9 @@ mod tests {
             due_at in 0..=MAX_DUE_MS,
         ) {
             let e = Envelope { id, topic, payload, attempt, created_at, due_at };
+            // The payload's own bound, without the envelope's slack.
+            let payload = serde_json::to_vec(&e.payload).unwrap().len();
+            prop_assert!(json_bound(&e.payload) >= payload);
             let size = e.check(usize::MAX).unwrap();
             prop_assert!(e.size_bound() >= size, "bound {} < size {}", e.size_bound(), size);
             for limit in [size.saturating_sub(1), size, e.size_bound()] {
