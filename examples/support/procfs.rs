@@ -29,3 +29,14 @@ pub fn process_cpu() -> Duration {
         .sum();
     Duration::from_millis(ticks * 10)
 }
+
+/// Minor page faults this process has taken so far (the kernel mapping a fresh page on first
+/// touch), from /proc/self/stat, or zero where procfs is unavailable.
+#[allow(dead_code)]
+pub fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // minflt, the 10th field (7th after the command name).
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(7)?.parse().ok())
+        .unwrap_or(0)
+}
