@@ -25,9 +25,10 @@
 //! * **A key table makes cancel indexed, not lazy.** Each timer has a record `{ deadline,
 //!   generation, position, value }` in a slab (24 bytes for `T = u64`). Cancel reads the
 //!   record, derives the slot from the deadline and the wheel's time, and `swap_remove`s the
-//!   element, patching the position of the element that moved. Nothing is left behind: a cancelled timer's record goes
-//!   on a free list at once and its element is gone, so the memory is reused by the next insert.
-//!   The price is two dependent misses per cancel at scale (record, then element).
+//!   element, patching the position of the element that moved. Nothing is left behind: a
+//!   cancelled timer's record goes on a free list at once and its element is gone, so the
+//!   memory is reused by the next insert. The price is two dependent misses per cancel at
+//!   scale (record, then element).
 //! * **No slot id is stored.** As in tokio's wheel, a timer due at `d` sits on the level of the
 //!   highest bit in which `d` and the wheel's time differ. The wheel only advances to the start of
 //!   the next occupied slot (found with `trailing_zeros` on per-level occupancy bitmaps), so this
