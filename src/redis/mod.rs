@@ -61,6 +61,7 @@ mod blocking;
 mod consumer;
 mod dedup;
 mod envelope;
+mod flusher;
 mod layout;
 mod link;
 mod persistent;

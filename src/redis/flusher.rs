@@ -1,0 +1,301 @@
+//! The write-behind half of [`Persistent`](super::Persistent): the journal that callers record
+//! their changes into, keyed by task id, and the flusher thread that drains it into the store
+//! in batches, or writes a snapshot of the whole pending set.
+//!
+//! The ground rules are those of `persistent.rs`: memory is the source of truth, the journal
+//! lives with the index under one mutex (`Inner::state`), and encoding and writing happen
+//! outside it.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::envelope::Envelope;
+use super::persistent::{Ids, Inner, State};
+use super::store::{Op, StoreError};
+use super::task_store::TaskStore;
+
+/// A journaled change to one id, turned into a store [`Op`] by the flusher.
+pub(super) enum Change {
+    /// Write this envelope. It is encoded by the flusher, off the caller's path, and never
+    /// if a later change replaces it first.
+    Upsert(Arc<Envelope>),
+    /// A write that failed and waits for the next round, already encoded.
+    Encoded(Op),
+    /// Remove the task (cancelled, or fired and acknowledged).
+    Remove,
+}
+
+impl Change {
+    /// The due time it writes; removals sort after every write.
+    fn due_at(&self) -> u64 {
+        match self {
+            Change::Upsert(envelope) => envelope.due_at,
+            Change::Encoded(Op::Upsert { due_at, .. }) => *due_at,
+            Change::Encoded(Op::Remove(_)) | Change::Remove => u64::MAX,
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Journal {
+    pub(super) ops: Ids<Change>,
+    /// Completed flush rounds; `WriteThrough` waits for the round after its change.
+    pub(super) flushed: u64,
+    /// When the oldest unflushed change was made.
+    pub(super) oldest: Option<Instant>,
+    /// A snapshot was asked for: the next round writes the whole pending set instead of the
+    /// journal (which it subsumes). Stays set until a snapshot succeeds.
+    pub(super) snapshot_wanted: bool,
+    /// Completed snapshots, and the size of the last one.
+    pub(super) snapshots: u64,
+    pub(super) snapshot_len: usize,
+    /// Someone waits for a round (`flush`, WriteThrough, `snapshot`): the flusher starts one
+    /// now instead of sleeping. A flag, not just the condvar, so a kick made while the flusher
+    /// is busy is not lost.
+    pub(super) kicked: bool,
+}
+
+impl Journal {
+    /// Records `change` for `id`, replacing any earlier unflushed change to that id.
+    pub(super) fn record(&mut self, id: Arc<str>, change: Change) {
+        self.ops.insert(id, change);
+        if self.oldest.is_none() {
+            self.oldest = Some(Instant::now());
+        }
+    }
+}
+
+/// The store operation of a journaled change.
+fn into_op((id, change): (Arc<str>, Change)) -> Option<Op> {
+    match change {
+        Change::Upsert(envelope) => upsert_op(&envelope),
+        Change::Encoded(op) => Some(op),
+        Change::Remove => Some(Op::Remove(id.to_string())),
+    }
+}
+
+/// The store operation that writes `envelope`. Its size and fields were checked when it was
+/// scheduled, so a failure here would be a serde bug: logged, and the task not written.
+fn upsert_op(envelope: &Envelope) -> Option<Op> {
+    match envelope.encode(usize::MAX) {
+        Ok(bytes) => Some(Op::Upsert {
+            id: envelope.id.clone(),
+            due_at: envelope.due_at,
+            envelope: bytes,
+        }),
+        Err(e) => {
+            tracing::error!(id = %envelope.id, error = %e, "envelope no longer encodes; not written");
+            None
+        }
+    }
+}
+
+/// What one flusher round writes.
+enum Round {
+    /// The journaled changes, and when the oldest of them was made.
+    Journal(Vec<(Arc<str>, Change)>, Option<Instant>),
+    /// The whole pending set (a snapshot), which subsumes the journal.
+    Snapshot(Vec<Arc<Envelope>>),
+}
+
+/// Takes the next round's work out of the journal (and, for a snapshot, the index).
+fn take_round(inner: &Inner) -> Round {
+    let mut state = inner.state.lock();
+    let State { index, journal } = &mut *state;
+    metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
+    if let Some(t) = journal.oldest {
+        metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
+    }
+    if journal.snapshot_wanted {
+        journal.snapshot_wanted = false;
+        journal.ops.clear();
+        journal.oldest = None;
+        let all = index
+            .values_mut()
+            .map(|entry| {
+                entry.persisted = true;
+                entry.envelope.clone()
+            })
+            .collect();
+        return Round::Snapshot(all);
+    }
+    let ops = std::mem::take(&mut journal.ops);
+    for (id, change) in &ops {
+        if let (Change::Upsert(_) | Change::Encoded(_), Some(entry)) = (change, index.get_mut(id)) {
+            entry.persisted = true;
+        }
+    }
+    Round::Journal(ops.into_iter().collect(), journal.oldest.take())
+}
+
+/// Batches in flight at once. The multiplexed connection pipelines them, so building one batch
+/// overlaps Redis applying the ones before it. The ids of one round are distinct, so the
+/// order in which batches land does not matter.
+const IN_FLIGHT: usize = 4;
+
+/// What [`write_batches`] did.
+#[derive(Default)]
+struct Written {
+    /// Operations Redis took.
+    written: usize,
+    /// Operations not written (from the first failure on), to be journaled again.
+    failed: Vec<Op>,
+    /// The first failure.
+    error: Option<StoreError>,
+    /// A batch was lost: its write panicked, and its operations with it.
+    lost: bool,
+}
+
+type BatchDone = Result<(Result<(), StoreError>, Vec<Op>), tokio::task::JoinError>;
+
+impl Written {
+    /// Books a finished batch: a failed one goes back to `failed`.
+    fn book(&mut self, done: BatchDone) {
+        match done {
+            Ok((Ok(()), chunk)) => self.written += chunk.len(),
+            Ok((Err(e), chunk)) => {
+                self.error.get_or_insert(e);
+                self.failed.extend(chunk);
+            }
+            Err(join) => {
+                // The store's future panicked and took its batch with it. Report it as a
+                // failure whose operations are gone: the caller then asks for a snapshot,
+                // which rewrites the whole pending set, so nothing stays lost.
+                tracing::error!(error = %join, "a store write panicked; a snapshot will repair it");
+                let e = StoreError::new(format!("store write panicked: {join}"));
+                self.error.get_or_insert(e);
+                self.lost = true;
+            }
+        }
+    }
+}
+
+/// Writes `ops` in batches of `batch`, up to [`IN_FLIGHT`] at a time; the next batch is
+/// taken from `ops` (and so encoded) while those are in flight. After a failure the rest is
+/// not sent.
+fn write_batches<S: TaskStore>(
+    store: &S,
+    rt: &tokio::runtime::Runtime,
+    mut ops: impl Iterator<Item = Op>,
+    batch: usize,
+) -> Written {
+    rt.block_on(async {
+        let mut in_flight = tokio::task::JoinSet::new();
+        let mut done = Written::default();
+        loop {
+            let chunk: Vec<Op> = ops.by_ref().take(batch).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            if done.error.is_some() {
+                done.failed.extend(chunk);
+                continue;
+            }
+            while in_flight.len() >= IN_FLIGHT {
+                if let Some(batch) = in_flight.join_next().await {
+                    done.book(batch);
+                }
+            }
+            let store = store.clone();
+            in_flight.spawn(async move {
+                let result = store.apply(&chunk).await;
+                (result, chunk)
+            });
+        }
+        while let Some(batch) = in_flight.join_next().await {
+            done.book(batch);
+        }
+        done
+    })
+}
+
+/// The flusher: every interval, write the journal in batches (or a snapshot when one is asked
+/// for); on failure, put the changes back (newer ones win) and back off.
+pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runtime) {
+    let mut backoff = inner.cfg.flush_interval;
+    let mut down_since: Option<Instant> = None;
+    loop {
+        let stopping = inner.stopping.load(SeqCst);
+        let (result, written) = match take_round(inner) {
+            Round::Journal(mut changes, oldest) => {
+                // In due order, so each batch touches one stretch of the ZSET (removals last);
+                // each due time read once, not at every comparison.
+                changes.sort_by_cached_key(|(_, change)| change.due_at());
+                // Encoded batch by batch, outside every lock, while the batches before are in
+                // flight.
+                let ops = changes.into_iter().filter_map(into_op);
+                let Written {
+                    written,
+                    failed,
+                    error,
+                    lost,
+                } = write_batches(store, rt, ops, inner.cfg.batch.max(1));
+                metrics::counter!("delaywheel_flushed_ops_total").increment(written as u64);
+                if lost {
+                    inner.state.lock().journal.snapshot_wanted = true;
+                } else if !failed.is_empty() {
+                    let mut state = inner.state.lock();
+                    let journal = &mut state.journal;
+                    // Changes made while this batch was out are newer: they win. After a
+                    // snapshot was asked for, the snapshot covers these too.
+                    if !journal.snapshot_wanted {
+                        for op in failed {
+                            journal
+                                .ops
+                                .entry(Arc::from(op.id()))
+                                .or_insert(Change::Encoded(op));
+                        }
+                        journal.oldest = journal.oldest.min(oldest).or(oldest);
+                    }
+                }
+                (error.map_or(Ok(()), Err), None)
+            }
+            Round::Snapshot(envelopes) => {
+                let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
+                match rt.block_on(store.replace_all(&ops)) {
+                    Ok(()) => (Ok(()), Some(ops.len())),
+                    Err(e) => {
+                        inner.state.lock().journal.snapshot_wanted = true;
+                        (Err(e), None)
+                    }
+                }
+            }
+        };
+        {
+            let mut state = inner.state.lock();
+            let journal = &mut state.journal;
+            match result {
+                Ok(()) => {
+                    journal.flushed += 1;
+                    if let Some(n) = written {
+                        journal.snapshots += 1;
+                        journal.snapshot_len = n;
+                        tracing::info!(tasks = n, "snapshot written");
+                    }
+                    if let Some(t) = down_since.take() {
+                        tracing::info!(after = ?t.elapsed(), "store writes caught up");
+                    }
+                    backoff = inner.cfg.flush_interval;
+                }
+                Err(e) => {
+                    if down_since.is_none() {
+                        tracing::warn!(error = %e, "store write failed; retrying with backoff");
+                        down_since = Some(Instant::now());
+                    }
+                    metrics::counter!("delaywheel_flush_failures_total").increment(1);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+        inner.flushed.notify_all();
+        if stopping {
+            break;
+        }
+        let mut state = inner.state.lock();
+        if !inner.stopping.load(SeqCst) && (!state.journal.kicked || down_since.is_some()) {
+            inner.kick.wait_for(&mut state, backoff);
+        }
+        state.journal.kicked = false;
+    }
+}
