@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use delaywheel::redis::{
-    now_ms, Broken, Op, PersistConfig, Persistent, Row, Rows, StoreError, TaskStore,
+    now_ms, Broken, Envelope, Op, PersistConfig, Persistent, Row, Rows, StoreError, TaskStore,
 };
 use parking_lot::Mutex;
 
@@ -153,4 +153,42 @@ fn the_engine_persists_and_restores_through_another_store() {
     assert!(expected.iter().all(|id| p.contains(id)));
     assert!(!p.contains("t0"));
     assert!(store.calls.load(SeqCst) > 0);
+}
+
+/// Scheduling an id again replaces the task: the store ends with the last envelope, whether
+/// the first was still in the journal, already written, or in the rounds the flusher keeps
+/// retrying while the store is down.
+#[test]
+fn a_task_scheduled_again_is_stored_with_its_last_envelope() {
+    let store = MemStore::default();
+    let (p, _fired) =
+        Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone()).unwrap();
+    let far = now_ms() + 3_600_000;
+    let stored = |id: &str| {
+        let table = store.table.lock();
+        let (due, bytes) = table.get(id).expect("stored");
+        let envelope = Envelope::decode(bytes).unwrap();
+        assert_eq!(envelope.due_at, *due);
+        (envelope.payload, envelope.due_at)
+    };
+    // Both in one flush window.
+    p.schedule("a", "t", serde_json::json!(1), far).unwrap();
+    p.schedule("a", "t", serde_json::json!(2), far + 1).unwrap();
+    // The first written, then replaced.
+    p.schedule("b", "t", serde_json::json!(1), far).unwrap();
+    assert!(p.flush(PATIENCE));
+    assert_eq!(stored("b"), (serde_json::json!(1), far));
+    p.schedule("b", "t", serde_json::json!(2), far + 1).unwrap();
+    // The first is in the failing rounds when the second comes.
+    store.down.store(true, SeqCst);
+    p.schedule("c", "t", serde_json::json!(1), far).unwrap();
+    assert!(!p.flush(Duration::from_millis(200)));
+    p.schedule("c", "t", serde_json::json!(2), far + 1).unwrap();
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    for id in ["a", "b", "c"] {
+        assert_eq!(stored(id), (serde_json::json!(2), far + 1), "{id}");
+    }
+    assert_eq!(store.ids().len(), 3);
+    p.shutdown();
 }

@@ -17,22 +17,30 @@ use super::task_store::TaskStore;
 
 /// A journaled change to one id, turned into a store [`Op`] by the flusher.
 pub(super) enum Change {
-    /// Write this envelope. It is encoded by the flusher, off the caller's path, and never
-    /// if a later change replaces it first.
-    Upsert(Arc<Envelope>),
+    /// Write the task's envelope, as the index holds it when the flusher takes the round: the
+    /// caller shares nothing with the journal but the id. Encoded by the flusher, off the
+    /// caller's path, and never if a later change replaces it first.
+    Upsert,
     /// A write that failed and waits for the next round, already encoded.
     Encoded(Op),
     /// Remove the task (cancelled, or fired and acknowledged).
     Remove,
 }
 
-impl Change {
+/// A change as a round takes it, an upsert with the envelope it writes.
+enum Pending {
+    Write(Arc<Envelope>),
+    Encoded(Op),
+    Remove,
+}
+
+impl Pending {
     /// The due time it writes; removals sort after every write.
     fn due_at(&self) -> u64 {
         match self {
-            Change::Upsert(envelope) => envelope.due_at,
-            Change::Encoded(Op::Upsert { due_at, .. }) => *due_at,
-            Change::Encoded(Op::Remove(_)) | Change::Remove => u64::MAX,
+            Pending::Write(envelope) => envelope.due_at,
+            Pending::Encoded(Op::Upsert { due_at, .. }) => *due_at,
+            Pending::Encoded(Op::Remove(_)) | Pending::Remove => u64::MAX,
         }
     }
 }
@@ -67,11 +75,11 @@ impl Journal {
 }
 
 /// The store operation of a journaled change.
-fn into_op((id, change): (Arc<str>, Change)) -> Option<Op> {
-    match change {
-        Change::Upsert(envelope) => upsert_op(&envelope),
-        Change::Encoded(op) => Some(op),
-        Change::Remove => Some(Op::Remove(id.to_string())),
+fn into_op((id, pending): (Arc<str>, Pending)) -> Option<Op> {
+    match pending {
+        Pending::Write(envelope) => upsert_op(&envelope),
+        Pending::Encoded(op) => Some(op),
+        Pending::Remove => Some(Op::Remove(id.to_string())),
     }
 }
 
@@ -94,7 +102,7 @@ fn upsert_op(envelope: &Envelope) -> Option<Op> {
 /// What one flusher round writes.
 enum Round {
     /// The journaled changes, and when the oldest of them was made.
-    Journal(Vec<(Arc<str>, Change)>, Option<Instant>),
+    Journal(Vec<(Arc<str>, Pending)>, Option<Instant>),
     /// The whole pending set (a snapshot), which subsumes the journal.
     Snapshot(Vec<Arc<Envelope>>),
 }
@@ -120,13 +128,32 @@ fn take_round(inner: &Inner) -> Round {
             .collect();
         return Round::Snapshot(all);
     }
-    let ops = std::mem::take(&mut journal.ops);
-    for (id, change) in &ops {
-        if let (Change::Upsert(_) | Change::Encoded(_), Some(entry)) = (change, index.get_mut(id)) {
-            entry.persisted = true;
-        }
-    }
-    Round::Journal(ops.into_iter().collect(), journal.oldest.take())
+    let round = std::mem::take(&mut journal.ops)
+        .into_iter()
+        .filter_map(|(id, change)| {
+            let entry = index.get_mut(&id);
+            let pending = match (change, entry) {
+                (Change::Upsert, Some(entry)) => {
+                    entry.persisted = true;
+                    Pending::Write(entry.envelope.clone())
+                }
+                (Change::Upsert, None) => {
+                    // Cancel and ack replace a task's upsert before it leaves the index.
+                    debug_assert!(false, "an upsert of a task that is not held");
+                    return None;
+                }
+                (Change::Encoded(op), entry) => {
+                    if let Some(entry) = entry {
+                        entry.persisted = true;
+                    }
+                    Pending::Encoded(op)
+                }
+                (Change::Remove, _) => Pending::Remove,
+            };
+            Some((id, pending))
+        })
+        .collect();
+    Round::Journal(round, journal.oldest.take())
 }
 
 /// Batches in flight at once. The multiplexed connection pipelines them, so building one batch

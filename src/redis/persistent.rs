@@ -378,7 +378,7 @@ impl<S: TaskStore> Persistent<S> {
                 Err(_) => return Err(PersistError::Shutdown(unshare(envelope))),
             };
             let entry = Entry {
-                envelope: envelope.clone(),
+                envelope,
                 timer: Some(timer),
                 persisted: false,
             };
@@ -390,7 +390,7 @@ impl<S: TaskStore> Persistent<S> {
                     entry.persisted = old.persisted;
                 }
             }
-            state.journal.record(id, Change::Upsert(envelope));
+            state.journal.record(id, Change::Upsert);
             state.journal.flushed
         };
         if self.inner.cfg.durability == Durability::WriteThrough {
@@ -459,7 +459,7 @@ impl<S: TaskStore> Persistent<S> {
         let Some((id, _)) = index.remove_entry(id) else {
             return false;
         };
-        let unsent = matches!(journal.ops.get(&*id), Some(Change::Upsert(_)));
+        let unsent = matches!(journal.ops.get(&*id), Some(Change::Upsert));
         if unsent && !persisted {
             // Scheduled and cancelled within one flush window: Redis never hears of it.
             journal.ops.remove(&*id);
