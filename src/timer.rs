@@ -2,10 +2,12 @@
 //!
 //! # Ground rules
 //!
-//! * Each shard's wheel and counters are touched only under that shard's mutex; no lock is held
-//!   while another is taken, and none is held while delivering.
+//! * Each shard's wheel and counters are touched only under that shard's mutex, and no shard
+//!   lock is held while another lock is taken or while delivering.
 //! * Only one turn (collect due timers, deliver them) runs at a time: the driver thread's, or
-//!   a caller's [`Timer::fire_due`]; `Core::turn_buf` is that turn's lock and scratch buffer.
+//!   a caller's [`Timer::fire_due`]; `Core::turn_buf` is that turn's lock and scratch buffer,
+//!   held across the turn (with `sink` held across its deliveries). `stop` takes `turn_buf`
+//!   before it drains, so no collected timer is between a turn and its delivery then.
 //! * The wake handshake: a producer that inserts a timer due before `next_wake` unparks the
 //!   driver. The driver sets `next_wake` to `u64::MAX` *before* it scans the shards and to the
 //!   earliest deadline it found *after*, so an insert it did not see always wakes it. The wake
@@ -277,21 +279,45 @@ struct Handle<T> {
 }
 
 impl<T> Handle<T> {
-    /// Stops the driver, closes the delivery, and takes every timer out of the shards.
+    /// Stops the driver, takes every timer out of the shards (and every expiration that could
+    /// not be handed over), and closes the delivery.
+    ///
+    /// Lock order: `driver` (one stopper at a time), then `turn_buf` (so that no turn is
+    /// between collecting timers and delivering them while the shards are drained), then
+    /// `sink`, shards and `undelivered`. The delivery is closed, which joins the callback
+    /// workers, with no lock held: a callback may itself call `shutdown` or drop a handle.
     fn stop(&self) -> Vec<Pending<T>> {
         let core = &self.core;
         core.stopping.store(true, SeqCst);
-        if let Some(driver) = core.driver.get() {
+        let driver = core.driver.get();
+        if let Some(driver) = driver {
             driver.unpark();
         }
-        if let Some(handle) = self.driver.lock().take() {
-            if handle.thread().id() != std::thread::current().id() {
+        if driver.is_some_and(|d| d.id() == std::thread::current().id()) {
+            // Called from a delivery on the driver thread (a waker that shuts down, or drops
+            // its task and with it the last handle): that turn holds `turn_buf` and `sink`,
+            // and delivers the rest of what it collected. The driver stops after it.
+            return self.take_pending();
+        }
+        let (sink, out) = {
+            let mut joined = self.driver.lock();
+            if let Some(handle) = joined.take() {
+                // A turn blocked by backpressure gives up once `stopping` is set.
                 let _ = handle.join();
             }
-        }
-        if let Some(sink) = core.sink.lock().take() {
+            let _turn = core.turn_buf.lock();
+            (core.sink.lock().take(), self.take_pending())
+        };
+        if let Some(sink) = sink {
             sink.close();
         }
+        out
+    }
+
+    /// Takes every timer out of the shards and every expiration that could not be handed
+    /// over; the first call only (later ones find nothing).
+    fn take_pending(&self) -> Vec<Pending<T>> {
+        let core = &self.core;
         let mut out = Vec::new();
         if core.stopped.swap(true, SeqCst) {
             return out;
@@ -488,7 +514,10 @@ impl<T> Timer<T> {
     /// Stops the driver, waits for callback workers to finish what they were given, and returns
     /// every timer not delivered: those still pending and any that fired but could not be handed
     /// over (a full queue at shutdown, or a dropped receiver). Later schedules fail with
-    /// [`ScheduleError::Shutdown`]; a second call returns an empty list.
+    /// [`ScheduleError::Shutdown`]; a second call returns an empty list. It may be called from
+    /// a callback; called from the driver thread itself (a waker run by a `Sleeper`'s or a
+    /// stream's delivery), it returns at once, and the turn in progress delivers the rest of
+    /// what it had collected.
     pub fn shutdown(&self) -> Vec<Pending<T>> {
         self.handle.stop()
     }

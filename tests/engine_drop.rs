@@ -1,6 +1,7 @@
 //! Dropping the last handle shuts the engine down and leaves no thread behind. (Its own test
 //! binary: it counts this process's threads.)
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use delaywheel::Timer;
@@ -13,20 +14,26 @@ fn threads_named(prefix: &str) -> usize {
         .count()
 }
 
+/// The tests here count threads by name: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Waits (up to 10 s) until `n` threads are named `prefix...`; returns how many are.
+fn named(prefix: &str, n: usize) -> usize {
+    let start = std::time::Instant::now();
+    // A new thread names itself once it runs: wait for that, not for a fixed time.
+    while threads_named(prefix) != n && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    threads_named(prefix)
+}
+
 #[test]
 fn dropping_the_last_handle_joins_every_thread() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (timer, rx) = Timer::builder().shards(2).build_channel(Some(1)).unwrap();
     let pool = Timer::builder()
         .build_callback(3, 8, |_e: delaywheel::Expiration<u32>| {})
         .unwrap();
-    // A new thread names itself once it runs: wait for that, not for a fixed time.
-    let named = |prefix: &str, n: usize| {
-        let start = std::time::Instant::now();
-        while threads_named(prefix) != n && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        threads_named(prefix)
-    };
     assert_eq!(named("delaywheel-dri", 2), 2);
     assert_eq!(named("delaywheel-cb", 3), 3);
     // Pending timers, a clone on another thread, and a driver blocked on a full channel.
@@ -42,4 +49,47 @@ fn dropping_the_last_handle_joins_every_thread() {
     assert_eq!(threads_named("delaywheel-"), 0, "threads left behind");
     // The one expiration the channel could hold was delivered; nothing more arrives.
     assert_eq!(rx.try_iter().count(), 1);
+}
+
+/// A waker run by the driver (a `Sleeper`'s delivery) that drops its task, and with it the
+/// last handle of the engine: the engine stops from its own driver thread, and that thread
+/// ends instead of waiting on itself.
+#[cfg(feature = "tokio")]
+#[test]
+fn a_waker_that_drops_the_last_handle_on_the_driver_stops_the_engine() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    use delaywheel::sleep::{Sleep, Sleeper};
+
+    type Slot = Arc<Mutex<Option<Pin<Box<Sleep>>>>>;
+    struct DropOnWake(Slot);
+    impl Wake for DropOnWake {
+        fn wake(self: Arc<Self>) {
+            let task = self.0.lock().unwrap().take();
+            drop(task);
+        }
+    }
+
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let sleeper = Sleeper::with_builder(Timer::builder().shards(1)).unwrap();
+    assert_eq!(named("delaywheel-dri", 1), 1);
+    let slot: Slot = Arc::new(Mutex::new(Some(Box::pin(
+        sleeper.sleep(Duration::from_millis(5)),
+    ))));
+    drop(sleeper); // the future now holds the last handle
+    let waker = Waker::from(Arc::new(DropOnWake(slot.clone())));
+    {
+        let mut task = slot.lock().unwrap();
+        let future = task.as_mut().unwrap().as_mut();
+        assert!(future.poll(&mut Context::from_waker(&waker)).is_pending());
+    }
+    drop(waker);
+    assert_eq!(named("delaywheel-", 0), 0, "the driver thread is stuck");
+    assert!(
+        slot.lock().unwrap().is_none(),
+        "the task was woken and dropped"
+    );
 }

@@ -241,3 +241,77 @@ fn stats_answer_while_the_driver_waits_on_a_full_channel() {
     assert_eq!(stats.fired, 10);
     assert_eq!(rx.iter().take(10).count(), 10);
 }
+
+/// A callback that shuts the engine down while another thread does: neither waits on the
+/// other (the stopper closes the delivery, which joins the workers, with no lock held), and
+/// every timer ends once.
+#[test]
+fn a_callback_that_shuts_down_during_shutdown_does_not_deadlock() {
+    let slot: Arc<std::sync::OnceLock<Timer<u32>>> = Arc::default();
+    let (entered_tx, entered) = crossbeam_channel::bounded::<()>(1);
+    let (go, go_rx) = crossbeam_channel::bounded::<()>(1);
+    let (from_callback_tx, from_callback) = crossbeam_channel::unbounded::<usize>();
+    let callback_timer = slot.clone();
+    let timer = Timer::builder()
+        .build_callback(1, 16, move |_e: delaywheel::Expiration<u32>| {
+            let _ = entered_tx.try_send(());
+            let _ = go_rx.recv_timeout(PATIENCE);
+            if let Some(timer) = callback_timer.get() {
+                let _ = from_callback_tx.send(timer.shutdown().len());
+            }
+        })
+        .unwrap();
+    slot.set(timer.clone()).ok().unwrap();
+    timer.schedule(0, Duration::ZERO).unwrap();
+    for i in 1..=10 {
+        timer.schedule(i, Duration::from_secs(3_600)).unwrap();
+    }
+    entered.recv_timeout(PATIENCE).expect("the callback runs");
+    let (done_tx, done) = crossbeam_channel::bounded(1);
+    let stopper = timer.clone();
+    std::thread::spawn(move || done_tx.send(stopper.shutdown().len()).unwrap());
+    // Let the stopper reach the join of the worker, then let the callback shut down too.
+    std::thread::sleep(50 * MS);
+    go.send(()).unwrap();
+    let by_thread = done.recv_timeout(PATIENCE).expect("shutdown returned");
+    let by_callback = from_callback
+        .recv_timeout(PATIENCE)
+        .expect("the callback's shutdown returned");
+    assert_eq!(
+        by_thread + by_callback,
+        10,
+        "each pending timer handed back once"
+    );
+}
+
+/// `fire_due` and `shutdown` at the same time (no driver thread): every timer is delivered or
+/// handed back, exactly once. `shutdown` waits for the turn in progress before it drains.
+#[test]
+fn fire_due_racing_shutdown_loses_nothing() {
+    // Many timers, so that the turn spends a while collecting them before it delivers.
+    for round in 0..20u32 {
+        let (timer, rx) = Timer::builder()
+            .manual_driver()
+            .build_channel(None)
+            .unwrap();
+        let n = 20_000u32;
+        for i in 0..n {
+            timer.schedule(i, Duration::ZERO).unwrap();
+        }
+        std::thread::sleep(Duration::from_micros(1_100)); // past the tick they round up to
+        let start = Arc::new(Barrier::new(2));
+        let firer = {
+            let (timer, start) = (timer.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                timer.fire_due()
+            })
+        };
+        start.wait();
+        let returned: Vec<u32> = timer.shutdown().into_iter().map(|p| p.value).collect();
+        firer.join().unwrap();
+        let mut all: Vec<u32> = rx.try_iter().map(|e| e.value).chain(returned).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..n).collect::<Vec<_>>(), "round {round}");
+    }
+}
