@@ -155,10 +155,12 @@ impl Ticks {
         self.ceil_ticks(ns)
     }
 
-    /// The last tick that has completely begun at `now` (rounded down).
+    /// The last tick that has completely begun at `now` (rounded down). Never `u64::MAX`: that
+    /// is the tick of deadlines too far out to represent, which must never come due, even
+    /// with a 1 ns tick once `now` itself saturates.
     #[inline]
     pub(crate) fn now_tick(&self, now: Instant) -> u64 {
-        self.ns_since_origin(now) / self.tick_ns
+        (self.ns_since_origin(now) / self.tick_ns).min(u64::MAX - 1)
     }
 
     /// The `Instant` at which `tick` begins, or `None` past what `Instant` can represent.
@@ -181,6 +183,20 @@ impl Ticks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saturated_deadline_never_comes_due_even_at_a_1_ns_tick() {
+        let origin = Instant::now();
+        let t = Ticks::new(origin, Duration::from_nanos(1));
+        let year = Duration::from_secs(365 * 24 * 3600);
+        let never = t.tick_after(origin, 700 * year);
+        assert_eq!(never, u64::MAX);
+        // 590 years on, the clock itself is past what a u64 of nanoseconds holds.
+        let Some(late) = origin.checked_add(590 * year) else {
+            return; // this platform's Instant cannot get there, so neither can the clock
+        };
+        assert!(t.now_tick(late) < never, "fired 110 years early");
+    }
 
     #[test]
     fn deadlines_round_up_and_now_rounds_down() {
