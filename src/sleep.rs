@@ -185,6 +185,8 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
+        // Nobody waits any more: the cancelled `Wakeup` must not wake the task dropping us.
+        drop(self.state.waker.take());
         if let Some(id) = self.id {
             if self.state.state.load(SeqCst) == PENDING {
                 // Cancel-on-drop: the wheel forgets the timer at once.

@@ -85,3 +85,32 @@ async fn shutdown_wakes_pending_sleeps_with_an_error() {
         Err(TimeoutError::Shutdown)
     );
 }
+
+/// The usual end of a timeout: the work finished first and the `Sleep` is dropped unfired. Its
+/// timer is cancelled, and the task dropping it is not woken for nothing.
+#[test]
+fn dropping_a_pending_sleep_cancels_without_waking_its_task() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    let sleeper = Sleeper::new().unwrap();
+    let count = Arc::new(Count(AtomicUsize::new(0)));
+    let waker = Waker::from(count.clone());
+    let mut sleep = Box::pin(sleeper.sleep(Duration::from_secs(60)));
+    assert!(sleep
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    assert_eq!(sleeper.timer().len(), 1);
+    drop(sleep);
+    assert_eq!(sleeper.timer().len(), 0, "cancelled");
+    assert_eq!(count.0.load(SeqCst), 0, "woken for nothing");
+}
