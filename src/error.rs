@@ -48,12 +48,13 @@ impl<T> std::error::Error for ScheduleError<T> {}
 pub enum BuildError {
     /// The tick must be at least 1 ns.
     ZeroTick,
-    /// At least one shard is needed (and at most 65 536).
+    /// The number of shards is outside `1..=MAX_SHARDS` (1 024).
     Shards(usize),
-    /// A callback pool needs at least one worker.
-    ZeroWorkers,
-    /// A bounded channel or queue needs a capacity of at least 1.
-    ZeroCapacity,
+    /// The number of callback workers is outside `1..=MAX_WORKERS` (1 024).
+    Workers(usize),
+    /// A bounded channel or queue capacity is outside `1..=MAX_CAPACITY` (2^24): it is
+    /// allocated up front.
+    Capacity(usize),
     /// The driver thread could not be spawned.
     Spawn(String),
 }
@@ -62,14 +63,38 @@ impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BuildError::ZeroTick => f.write_str("the tick must be at least 1 ns"),
-            BuildError::Shards(n) => write!(f, "shards must be in 1..=65536, got {n}"),
-            BuildError::ZeroWorkers => f.write_str("a callback pool needs at least one worker"),
-            BuildError::ZeroCapacity => {
-                f.write_str("a bounded queue needs a capacity of at least 1")
+            BuildError::Shards(n) => write!(f, "shards must be in 1..={MAX_SHARDS}, got {n}"),
+            BuildError::Workers(n) => {
+                write!(
+                    f,
+                    "a callback pool needs 1..={MAX_WORKERS} workers, got {n}"
+                )
             }
+            BuildError::Capacity(n) => write!(
+                f,
+                "a bounded queue needs a capacity in 1..={MAX_CAPACITY}, got {n}"
+            ),
             BuildError::Spawn(e) => write!(f, "could not spawn a thread: {e}"),
         }
     }
 }
 
 impl std::error::Error for BuildError {}
+
+/// The most shards an engine may have (each holds a wheel).
+pub(crate) const MAX_SHARDS: usize = 1_024;
+
+/// The most workers a callback pool may have.
+pub(crate) const MAX_WORKERS: usize = 1_024;
+
+/// The largest bounded channel or queue: its slots are allocated up front.
+pub(crate) const MAX_CAPACITY: usize = 1 << 24;
+
+/// `n` if it is a capacity the builders accept.
+pub(crate) fn capacity(n: usize) -> Result<usize, BuildError> {
+    if (1..=MAX_CAPACITY).contains(&n) {
+        Ok(n)
+    } else {
+        Err(BuildError::Capacity(n))
+    }
+}

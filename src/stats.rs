@@ -20,7 +20,9 @@ pub struct Stats {
     pub reset: u64,
     /// Timers taken out of the wheel because they were due.
     pub fired: u64,
-    /// Lateness (delivery time − deadline) of delivered timers.
+    /// Lateness of fired timers: the time each was handed to the delivery − its deadline
+    /// (rounded up to the tick). Taken before any wait for a full channel or queue, so it
+    /// measures the engine, not the consumer.
     pub lateness: Lateness,
 }
 

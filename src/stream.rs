@@ -55,10 +55,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// queue of `bound` expirations (backpressure as for a bounded channel: the driver waits,
     /// nothing is dropped). Only with the `tokio` feature.
     pub fn build_stream(self, bound: usize) -> Result<(Timer<T>, ExpirationStream<T>), BuildError> {
-        if bound == 0 {
-            return Err(BuildError::ZeroCapacity);
-        }
-        let (tx, rx) = crossbeam_channel::bounded(bound);
+        let (tx, rx) = crossbeam_channel::bounded(crate::error::capacity(bound)?);
         let waker = Arc::new(AtomicWaker::new());
         let timer = self.build_with(Sink::Stream {
             tx,

@@ -28,7 +28,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::clock::{Clock, ManualClock, Ticks};
 use crate::delivery::Sink;
-use crate::error::{BuildError, ScheduleError};
+use crate::error::{capacity, BuildError, ScheduleError, MAX_SHARDS, MAX_WORKERS};
 use crate::shard::{new_shard, Shard, ShardState};
 use crate::stats::{publish, LatenessHistogram, Stats};
 use crate::wheel::{Expired, Layout, TimerKey};
@@ -417,7 +417,7 @@ impl<T> Timer<T> {
     /// Schedules `value` to fire `delay` from now (rounded up to the tick).
     ///
     /// Any delay works: one past the wheel's range, or `Duration::MAX`, simply waits. A zero
-    /// delay fires at the driver's next turn. Errors hand the value back:
+    /// delay fires at the next tick boundary (within one tick). Errors hand the value back:
     /// [`ScheduleError::Shutdown`] after [`shutdown`](Self::shutdown), and
     /// [`ScheduleError::Capacity`] when the shard holds `u32::MAX - 1` timers.
     pub fn schedule(&self, value: T, delay: Duration) -> Result<TimerId, ScheduleError<T>> {
@@ -426,7 +426,8 @@ impl<T> Timer<T> {
     }
 
     /// Schedules `value` to fire at `at` (rounded up to the tick). An `at` in the past fires at
-    /// the driver's next turn. Errors as for [`schedule`](Self::schedule).
+    /// the driver's next turn, at the latest at the next tick boundary. Errors as for
+    /// [`schedule`](Self::schedule).
     pub fn schedule_at(&self, value: T, at: Instant) -> Result<TimerId, ScheduleError<T>> {
         self.core.insert(self.core.ticks.deadline_tick(at), value)
     }
@@ -477,7 +478,9 @@ impl<T> Timer<T> {
 
     /// Delivers every timer that is due now, on the calling thread, and returns how many. With
     /// [`TimerBuilder::manual_driver`] this is the only way timers fire; with the driver thread
-    /// it is harmless (turns take a lock, so they never overlap).
+    /// it is harmless (turns take a lock, so they never overlap). Like the driver, it waits
+    /// while a bounded channel or callback queue is full: do not call it from the thread that
+    /// reads that channel, or from a callback of a one-worker pool.
     pub fn fire_due(&self) -> usize {
         self.core.turn().0
     }
@@ -593,8 +596,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
         bound: Option<usize>,
     ) -> Result<(Timer<T>, Receiver<Expiration<T>>), BuildError> {
         let (tx, rx) = match bound {
-            Some(0) => return Err(BuildError::ZeroCapacity),
-            Some(n) => crossbeam_channel::bounded(n),
+            Some(n) => crossbeam_channel::bounded(capacity(n)?),
             None => crossbeam_channel::unbounded(),
         };
         Ok((self.build_with(Sink::Channel(tx))?, rx))
@@ -613,12 +615,10 @@ impl<T: Send + 'static> TimerBuilder<T> {
     where
         F: Fn(Expiration<T>) + Send + Sync + 'static,
     {
-        if workers == 0 {
-            return Err(BuildError::ZeroWorkers);
+        if !(1..=MAX_WORKERS).contains(&workers) {
+            return Err(BuildError::Workers(workers));
         }
-        if queue == 0 {
-            return Err(BuildError::ZeroCapacity);
-        }
+        let queue = capacity(queue)?;
         self.validate()?;
         let sink = Sink::pool(workers, queue, Arc::new(callback))
             .map_err(|e| BuildError::Spawn(e.to_string()))?;
@@ -629,7 +629,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
         if self.tick.is_zero() {
             return Err(BuildError::ZeroTick);
         }
-        if self.shards == 0 || self.shards > 65_536 {
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
             return Err(BuildError::Shards(self.shards));
         }
         Ok(())

@@ -174,12 +174,25 @@ fn builder_rejects_bad_settings_with_typed_errors() {
         .build_channel(None)
         .unwrap_err();
     assert_eq!(e, BuildError::ZeroTick);
-    let e = Timer::<u8>::builder().build_channel(Some(0)).unwrap_err();
-    assert_eq!(e, BuildError::ZeroCapacity);
     let e = Timer::<u8>::builder()
-        .build_callback(0, 8, |_| {})
+        .shards(1_025)
+        .build_channel(None)
         .unwrap_err();
-    assert_eq!(e, BuildError::ZeroWorkers);
+    assert_eq!(e, BuildError::Shards(1_025));
+    for bad in [0, (1 << 24) + 1, usize::MAX] {
+        let e = Timer::<u8>::builder().build_channel(Some(bad)).unwrap_err();
+        assert_eq!(e, BuildError::Capacity(bad));
+        let e = Timer::<u8>::builder()
+            .build_callback(1, bad, |_| {})
+            .unwrap_err();
+        assert_eq!(e, BuildError::Capacity(bad));
+    }
+    for bad in [0, 1_025, usize::MAX] {
+        let e = Timer::<u8>::builder()
+            .build_callback(bad, 8, |_| {})
+            .unwrap_err();
+        assert_eq!(e, BuildError::Workers(bad));
+    }
 }
 
 #[test]

@@ -95,7 +95,8 @@ pub struct PersistConfig {
     pub durability: Durability,
     /// The largest encoded envelope accepted (default 64 KiB).
     pub max_envelope: usize,
-    /// Queue of fired tasks waiting for the consumer (default 65 536; the driver waits when full).
+    /// Queue of fired tasks waiting for the consumer (default 65 536; the driver waits when full;
+    /// `1..=2^24`, else `start` fails with [`BuildError::Capacity`]).
     pub fired_bound: usize,
     /// What `restore` does with overdue tasks (default: fire at once).
     pub overdue: Overdue,
@@ -293,7 +294,8 @@ impl<S: TaskStore> Persistent<S> {
         store: S,
         rt: Arc<OwnedRuntime>,
     ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
-        let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound.max(1));
+        let bound = crate::error::capacity(cfg.fired_bound).map_err(PersistError::Build)?;
+        let (tx, rx) = crossbeam_channel::bounded(bound);
         let inner = Arc::new(Inner {
             cfg,
             state: Mutex::new(State::default()),
