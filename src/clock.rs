@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// A wake-up registered on a manual clock.
-type Wake = Box<dyn Fn() + Send + Sync>;
+/// A wake-up registered on a manual clock, called after every advance; it returns whether to
+/// keep it (whether its engine still exists).
+type Wake = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// A clock that tests move by hand, so time-dependent tests are deterministic and never sleep.
 ///
@@ -59,9 +60,7 @@ impl ManualClock {
             };
             *now = later;
         }
-        for wake in self.on_advance.lock().iter() {
-            wake();
-        }
+        self.on_advance.lock().retain(|wake| wake());
         true
     }
 
@@ -185,6 +184,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn wake_ups_of_dropped_engines_leave_the_clock() {
+        let clock = ManualClock::new();
+        let alive = Arc::new(());
+        let weak = Arc::downgrade(&alive);
+        clock.on_advance(Box::new(move || weak.upgrade().is_some()));
+        clock.on_advance(Box::new(|| false));
+        assert!(clock.advance(Duration::from_millis(1)));
+        assert_eq!(clock.on_advance.lock().len(), 1);
+        drop(alive);
+        assert!(clock.advance(Duration::from_millis(1)));
+        assert!(clock.on_advance.lock().is_empty());
+    }
+
+    #[test]
     fn a_saturated_deadline_never_comes_due_even_at_a_1_ns_tick() {
         let origin = Instant::now();
         let t = Ticks::new(origin, Duration::from_nanos(1));
@@ -234,6 +247,7 @@ mod tests {
         let h = hits.clone();
         c.on_advance(Box::new(move || {
             h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            true
         }));
         assert_eq!(c.now(), t0);
         assert!(c.advance(Duration::from_secs(1)));

@@ -90,7 +90,7 @@ impl<T> Sink<T> {
     ) -> Result<(), Expiration<T>> {
         let tx = match self {
             Sink::Inline(f) => {
-                f(exp);
+                on_driver("an inline delivery", || f(exp));
                 return Ok(());
             }
             Sink::Channel(tx) | Sink::Pool { tx, .. } => tx,
@@ -116,7 +116,7 @@ impl<T> Sink<T> {
         }
         #[cfg(feature = "tokio")]
         if let Sink::Stream { waker, .. } = self {
-            waker.wake();
+            on_driver("the stream's waker", || waker.wake());
         }
         Ok(())
     }
@@ -141,5 +141,13 @@ impl<T> Sink<T> {
             }
             Sink::Channel(_) | Sink::Inline(_) => {}
         }
+    }
+}
+
+/// Runs user code (a waker) on the driver thread: a panic in it is logged and contained, so it
+/// cannot end the driver and leave every other timer unfired.
+fn on_driver(what: &str, f: impl FnOnce()) {
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+        tracing::error!("{what} panicked on the driver thread; the driver carries on");
     }
 }

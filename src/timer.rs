@@ -201,6 +201,9 @@ impl<T> Core<T> {
             buf.sort_by_key(|(_, e)| e.deadline);
         }
         let sink = self.sink.lock();
+        // Timers later than the warning threshold, and the latest: one warning per turn, not
+        // one per timer, so that a backlog does not flood the log.
+        let (mut late_count, mut latest) = (0usize, Duration::ZERO);
         for (shard, e) in buf.drain(..) {
             let now = self.clock.now();
             let deadline = self.ticks.instant_of(e.deadline).unwrap_or(now);
@@ -209,7 +212,8 @@ impl<T> Core<T> {
             // not block `stats()`.
             self.lateness.lock().record(late);
             if late > self.lateness_warn {
-                tracing::warn!(?late, deadline_tick = e.deadline, "timer delivered late");
+                late_count += 1;
+                latest = latest.max(late);
             }
             let exp = Expiration {
                 id: TimerId {
@@ -227,6 +231,14 @@ impl<T> Core<T> {
             if let Err(exp) = result {
                 self.undelivered.lock().push(exp);
             }
+        }
+        if late_count > 0 {
+            tracing::warn!(
+                timers = late_count,
+                ?latest,
+                threshold = ?self.lateness_warn,
+                "timers delivered late"
+            );
         }
         (fired, next)
     }
@@ -666,10 +678,9 @@ impl<T: Send + 'static> TimerBuilder<T> {
             let _ = core.driver.set(handle.thread().clone());
             if let Clock::Manual(clock) = &self.clock {
                 let weak = Arc::downgrade(&core);
+                // Dropped from the clock's list once the engine is gone.
                 clock.on_advance(Box::new(move || {
-                    if let Some(core) = weak.upgrade() {
-                        core.wake_driver();
-                    }
+                    weak.upgrade().map(|core| core.wake_driver()).is_some()
                 }));
             }
             driver = Some(handle);

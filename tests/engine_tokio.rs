@@ -114,3 +114,49 @@ fn dropping_a_pending_sleep_cancels_without_waking_its_task() {
     assert_eq!(sleeper.timer().len(), 0, "cancelled");
     assert_eq!(count.0.load(SeqCst), 0, "woken for nothing");
 }
+
+/// A waker that panics when the driver wakes it is contained: the driver carries on and wakes
+/// the next sleep.
+#[test]
+fn a_panicking_waker_does_not_stop_the_driver() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    struct Panics;
+    impl Wake for Panics {
+        fn wake(self: Arc<Self>) {
+            panic!("a waker that panics");
+        }
+    }
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    let sleeper = Sleeper::new().unwrap();
+    let mut first = Box::pin(sleeper.sleep(2 * MS));
+    let mut second = Box::pin(sleeper.sleep(20 * MS));
+    let panics = Waker::from(Arc::new(Panics));
+    let count = Arc::new(Count(AtomicUsize::new(0)));
+    let counts = Waker::from(count.clone());
+    assert!(first
+        .as_mut()
+        .poll(&mut Context::from_waker(&panics))
+        .is_pending());
+    assert!(second
+        .as_mut()
+        .poll(&mut Context::from_waker(&counts))
+        .is_pending());
+    let start = Instant::now();
+    while count.0.load(SeqCst) == 0 && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(MS);
+    }
+    assert_eq!(
+        count.0.load(SeqCst),
+        1,
+        "the driver died with the first waker"
+    );
+}
