@@ -53,7 +53,8 @@ impl Drop for Wakeup {
     }
 }
 
-/// The engine shut down before the timer fired.
+/// The engine shut down before the timer fired (or refused to schedule it: it was shut down
+/// already, or its shard held `u32::MAX - 1` timers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineShutdown;
 
@@ -124,7 +125,8 @@ impl Sleeper {
     }
 
     /// A future that completes `delay` from now (rounded up to the tick), or with
-    /// [`EngineShutdown`] if the engine shuts down first. The timer is scheduled now, and
+    /// [`EngineShutdown`] if the engine shuts down first (once the timers `shutdown` handed
+    /// back are dropped) or refuses the timer. The timer is scheduled now, and
     /// cancelled if the future is dropped before it fires.
     pub fn sleep(&self, delay: Duration) -> Sleep {
         let state = Arc::new(SleepState::default());

@@ -35,7 +35,8 @@ use crate::wheel::{Expired, Layout, TimerKey};
 
 /// Names a scheduled timer: its shard and its key in that shard's wheel. Ids are
 /// generation-checked: once the timer fired or was cancelled, operations on the id return
-/// `None`/`false`.
+/// `None`/`false`. (The generation has 32 bits: an id kept while its slot is reused 2^31 times
+/// could name the newer timer.)
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TimerId {
     engine: u32,
@@ -617,7 +618,8 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// Builds an engine that runs `callback` for each expiration on a pool of `workers`
     /// threads, fed by a queue of `queue` expirations (backpressure as for a bounded channel).
     /// A slow callback holds up only its own worker; a panicking one is logged and the worker
-    /// carries on.
+    /// carries on. A callback that holds a clone of the returned `Timer` keeps the engine
+    /// alive (dropping the other handles does not stop it): call [`Timer::shutdown`].
     pub fn build_callback<F>(
         self,
         workers: usize,
