@@ -93,6 +93,9 @@ pub(crate) struct Core<T> {
     turn_buf: Mutex<Vec<(u32, Expired<T>)>>,
 }
 
+/// The most expirations a turn's buffer keeps room for between turns.
+const TURN_BUF_KEEP: usize = 4_096;
+
 thread_local! {
     /// The shard this thread last scheduled into (see `Core::lock_for_insert`).
     static SHARD_HINT: Cell<u32> = const { Cell::new(u32::MAX) };
@@ -232,6 +235,10 @@ impl<T> Core<T> {
             if let Err(exp) = result {
                 self.undelivered.lock().push(exp);
             }
+        }
+        // A burst's buffer is not kept for the life of the engine.
+        if buf.capacity() > TURN_BUF_KEEP {
+            buf.shrink_to(TURN_BUF_KEEP);
         }
         if late_count > 0 {
             tracing::warn!(
