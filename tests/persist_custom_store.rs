@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use delaywheel::redis::{
-    now_ms, Broken, Envelope, Op, PersistConfig, Persistent, Row, Rows, StoreError, TaskStore,
+    now_ms, Broken, Durability, Envelope, Op, PersistConfig, PersistError, Persistent, Row, Rows,
+    StoreError, TaskStore, WallClock,
 };
+use delaywheel::ManualClock;
 use parking_lot::Mutex;
 
 /// id → (due_at, encoded envelope).
@@ -22,6 +24,8 @@ struct MemStore {
     table: Arc<Mutex<Table>>,
     down: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
+    /// `rows` panics after its first page (a broken store's reader).
+    rows_panic: Arc<AtomicBool>,
 }
 
 impl MemStore {
@@ -65,6 +69,9 @@ impl TaskStore for MemStore {
         cursor: u64,
         count: usize,
     ) -> impl Future<Output = Result<Rows, StoreError>> + Send {
+        if cursor > 0 && self.rows_panic.load(SeqCst) {
+            panic!("the store's reader broke");
+        }
         let result = self.check().map(|()| {
             let stored = self.table.lock();
             let mut page = Rows::default();
@@ -191,4 +198,143 @@ fn a_task_scheduled_again_is_stored_with_its_last_envelope() {
     }
     assert_eq!(store.ids().len(), 3);
     p.shutdown();
+}
+
+fn engine(store: &MemStore) -> Persistent<MemStore> {
+    Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone())
+        .unwrap()
+        .0
+}
+
+/// An id reused within one flush window: cancelled (its removal journaled), scheduled again and
+/// cancelled again. The removal of the stored version must still reach the store, or the old
+/// task comes back after a restart.
+#[test]
+fn a_cancel_of_a_reused_id_still_removes_the_stored_version() {
+    let store = MemStore::default();
+    let p = engine(&store);
+    let far = now_ms() + 3_600_000;
+    p.schedule("a", "t", serde_json::json!(1), far).unwrap();
+    assert!(p.flush(PATIENCE));
+    assert!(store.ids().contains("a"));
+    assert!(p.cancel("a"));
+    p.schedule("a", "t", serde_json::json!(2), far).unwrap();
+    assert!(p.cancel("a"));
+    assert!(p.flush(PATIENCE));
+    assert!(store.ids().is_empty(), "the cancelled task is still stored");
+    p.shutdown();
+}
+
+/// Restore meets a task the engine scheduled again before the restore: the engine's version
+/// wins, and since the store holds the old one, a cancel must remove it (with no flush in
+/// between to mark it written).
+#[test]
+fn restore_keeps_a_task_scheduled_again_and_a_cancel_still_removes_it() {
+    let store = MemStore::default();
+    let far = now_ms() + 3_600_000;
+    {
+        let p = engine(&store);
+        for id in ["kept", "other"] {
+            p.schedule(id, "t", serde_json::json!(1), far).unwrap();
+        }
+        p.shutdown();
+    }
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_secs(3_600); // only the explicit flush below writes
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    p.schedule("kept", "t", serde_json::json!(2), far).unwrap();
+    let report = p.restore(1).unwrap();
+    assert_eq!(report.loaded, 1, "other; kept was held already");
+    assert!(p.cancel("kept"));
+    assert!(p.flush(PATIENCE));
+    assert!(
+        !store.ids().contains("kept"),
+        "the stored version of a cancelled task stays"
+    );
+    assert!(store.ids().contains("other"));
+    p.shutdown();
+}
+
+/// A store whose reader dies in the middle of a scan: restore reports an error instead of a
+/// partial success (a snapshot after it would wipe the rows never read).
+#[test]
+fn restore_fails_when_the_scan_stops_early() {
+    let store = MemStore::default();
+    let far = now_ms() + 3_600_000;
+    {
+        let p = engine(&store);
+        for i in 0..10 {
+            p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+                .unwrap();
+        }
+        p.shutdown();
+    }
+    store.rows_panic.store(true, SeqCst);
+    let p = engine(&store);
+    assert!(matches!(p.restore(3), Err(PersistError::Store(_))));
+    p.shutdown();
+}
+
+/// A task fired, then replaced by a later version before its delivery ran: the fired timer
+/// belongs to the replaced version, so nothing is delivered until the new one is due.
+#[test]
+fn a_replaced_task_is_not_delivered_by_the_timer_of_its_old_version() {
+    let store = MemStore::default();
+    let clock = ManualClock::new();
+    let start = now_ms();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.clock = WallClock::manual(&clock, start);
+    cfg.fired_bound = 1;
+    let (p, fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    // "block" fills the fired queue, "busy" then holds the delivery worker, and "a" waits
+    // behind it in the timer's callback queue.
+    p.schedule("block", "t", serde_json::Value::Null, start + 1)
+        .unwrap();
+    p.schedule("busy", "t", serde_json::Value::Null, start + 2)
+        .unwrap();
+    p.schedule("a", "t", serde_json::json!(1), start + 3)
+        .unwrap();
+    clock.advance(Duration::from_millis(5));
+    // Let the driver take all three out of the wheel (it runs on its own thread).
+    std::thread::sleep(Duration::from_millis(200));
+    p.schedule("a", "t", serde_json::json!(2), start + 3_600_000)
+        .unwrap();
+    let first: Vec<String> = (0..2)
+        .map(|_| fired.recv_timeout(PATIENCE).unwrap().id)
+        .collect();
+    assert_eq!(first, ["block", "busy"]);
+    if let Ok(task) = fired.recv_timeout(Duration::from_millis(300)) {
+        panic!(
+            "{} delivered with payload {} an hour early",
+            task.id, task.payload
+        );
+    }
+    assert!(p.contains("a"));
+    p.shutdown();
+}
+
+/// WriteThrough promises the task is in the store when `schedule` returns. If the engine shuts
+/// down before the store took it (the store is down), `schedule` says so and hands it back.
+#[test]
+fn write_through_that_shutdown_interrupts_returns_the_envelope() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.durability = Durability::WriteThrough;
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let p = Arc::new(p);
+    store.down.store(true, SeqCst);
+    let scheduler = {
+        let p = p.clone();
+        std::thread::spawn(move || p.schedule("a", "t", serde_json::json!(1), now_ms() + 60_000))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    p.shutdown();
+    match scheduler.join().unwrap() {
+        Err(PersistError::Shutdown(back)) => assert_eq!(back.id, "a"),
+        other => panic!("WriteThrough returned {other:?} for a task the store never took"),
+    }
+    assert!(store.ids().is_empty());
+    assert!(!p.cancel("a"), "nothing is accepted after shutdown");
+    // After shutdown there is no flusher: a flush, even without a deadline, says so at once.
+    assert!(!p.flush(Duration::MAX));
 }

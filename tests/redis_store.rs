@@ -175,6 +175,16 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
         .arg(-5)
         .arg("negative")
         .ignore()
+        .cmd("ZADD")
+        .arg("{t3}:due")
+        .arg(70)
+        .arg("stray")
+        .ignore()
+        .cmd("HSET")
+        .arg("{t3}:tasks")
+        .arg("stray")
+        .arg(envelope("good", 70).encode(4096).unwrap())
+        .ignore()
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -190,6 +200,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
                     b.raw.as_deref() == Some(b"{not json".as_slice())
                 }
                 ("fractional" | "negative", BrokenReason::BadScore(_)) => true,
+                ("stray", BrokenReason::IdMismatch(other)) => other == "good",
                 _ => false,
             };
             (b.id.as_str(), ok)
@@ -201,7 +212,8 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
             ("fractional", true),
             ("garbage", true),
             ("negative", true),
-            ("no-envelope", true)
+            ("no-envelope", true),
+            ("stray", true)
         ]
     );
     store.dead_letter(&broken, 123).await.unwrap();
@@ -212,7 +224,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(dead.len(), 4);
+    assert_eq!(dead.len(), 5);
     let garbage: serde_json::Value = serde_json::from_str(&dead["garbage"]).unwrap();
     assert_eq!(garbage["raw"], "{not json");
     assert_eq!(garbage["at"], 123);

@@ -6,6 +6,7 @@
 //! lives with the index under one mutex (`Inner::state`), and encoding and writing happen
 //! outside it.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -110,12 +111,16 @@ enum Round {
 /// Takes the next round's work out of the journal (and, for a snapshot, the index).
 fn take_round(inner: &Inner) -> Round {
     let mut state = inner.state.lock();
-    let State { index, journal } = &mut *state;
+    let State {
+        index,
+        journal,
+        restoring,
+    } = &mut *state;
     metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
     if let Some(t) = journal.oldest {
         metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
     }
-    if journal.snapshot_wanted {
+    if journal.snapshot_wanted && *restoring == 0 {
         journal.snapshot_wanted = false;
         journal.ops.clear();
         journal.oldest = None;
@@ -263,15 +268,24 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     inner.state.lock().journal.snapshot_wanted = true;
                 } else if !failed.is_empty() {
                     let mut state = inner.state.lock();
-                    let journal = &mut state.journal;
+                    let State { index, journal, .. } = &mut *state;
                     // Changes made while this batch was out are newer: they win. After a
                     // snapshot was asked for, the snapshot covers these too.
                     if !journal.snapshot_wanted {
                         for op in failed {
-                            journal
-                                .ops
-                                .entry(Arc::from(op.id()))
-                                .or_insert(Change::Encoded(op));
+                            match journal.ops.entry(Arc::from(op.id())) {
+                                MapEntry::Occupied(newer) => {
+                                    // A newer change wins; but Redis may hold what this op
+                                    // left half done (or the version it was to remove), so a
+                                    // cancel of the task now held must reach Redis.
+                                    if let Some(entry) = index.get_mut(newer.key()) {
+                                        entry.persisted = true;
+                                    }
+                                }
+                                MapEntry::Vacant(slot) => {
+                                    slot.insert(Change::Encoded(op));
+                                }
+                            }
                         }
                         journal.oldest = journal.oldest.min(oldest).or(oldest);
                     }
@@ -311,7 +325,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         down_since = Some(Instant::now());
                     }
                     metrics::counter!("delaywheel_flush_failures_total").increment(1);
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff = backoff.saturating_mul(2).min(Duration::from_secs(1));
                 }
             }
         }

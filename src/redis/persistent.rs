@@ -165,7 +165,7 @@ pub fn now_ms() -> u64 {
 /// What `restore` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RestoreReport {
-    /// Tasks loaded into the wheel (overdue ones fire at once).
+    /// Tasks loaded into the wheel (overdue ones fire per [`Overdue`]).
     pub loaded: usize,
     /// Broken entries moved to the dead-letter hash.
     pub dead_lettered: usize,
@@ -193,6 +193,9 @@ pub(super) type Ids<V> = HashMap<Arc<str>, V, foldhash::fast::RandomState>;
 pub(super) struct State {
     /// Every task held: pending, or fired and not yet acknowledged.
     pub(super) index: Ids<Entry>,
+    /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
+    /// over the rows they have not read yet.
+    pub(super) restoring: usize,
     pub(super) journal: Journal,
 }
 
@@ -211,6 +214,18 @@ impl Inner {
     fn kick(&self, journal: &mut Journal) {
         journal.kicked = true;
         self.kick.notify_one();
+    }
+
+    /// Waits for the end of a flush round, until `deadline` (`None`: past what an `Instant`
+    /// holds, so no deadline). Returns whether the deadline passed.
+    fn wait_round(&self, state: &mut MutexGuard<'_, State>, deadline: Option<Instant>) -> bool {
+        match deadline {
+            Some(deadline) => self.flushed.wait_until(state, deadline).timed_out(),
+            None => {
+                self.flushed.wait(state);
+                false
+            }
+        }
     }
 }
 
@@ -280,7 +295,7 @@ impl Persistent<RedisStore> {
 impl<S: TaskStore> Persistent<S> {
     /// Starts the engine on another store (`cfg.url`, `cfg.cluster_nodes` and `cfg.namespace`
     /// are not used). The
-    /// store's futures run on the engine's own single-threaded tokio runtime.
+    /// store's futures run on the engine's own tokio runtime (one worker thread).
     pub fn with_store(
         cfg: PersistConfig,
         store: S,
@@ -305,7 +320,7 @@ impl<S: TaskStore> Persistent<S> {
         });
         let fire = {
             let inner = inner.clone();
-            move |e: crate::Expiration<Arc<str>>| deliver(&inner, &tx, &e.value)
+            move |e: crate::Expiration<Arc<str>>| deliver(&inner, &tx, &e.value, e.id)
         };
         let mut builder = Timer::builder();
         if let Some(clock) = inner.cfg.clock.manual_clock() {
@@ -365,40 +380,59 @@ impl<S: TaskStore> Persistent<S> {
         if let Err(e) = envelope.fits(self.inner.cfg.max_envelope) {
             return Err(PersistError::Envelope(e, Box::new(envelope)));
         }
-        if self.inner.stopping.load(SeqCst) {
-            return Err(PersistError::Shutdown(Box::new(envelope)));
-        }
         let delay = Duration::from_millis(envelope.due_at.saturating_sub(now));
         // Allocated before the lock is taken.
         let id: Arc<str> = Arc::from(envelope.id.as_str());
         let envelope = Arc::new(envelope);
+        // WriteThrough hands the envelope back if the engine stops before Redis confirms it.
+        let kept =
+            (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
         let round = {
             let mut state = self.inner.state.lock();
             let envelope = self.wait_for_room(&mut state, envelope)?;
+            // Checked under the lock `shutdown` sets it under: a change journaled here is in
+            // the flusher's final round.
+            if self.inner.stopping.load(SeqCst) {
+                drop(kept);
+                return Err(PersistError::Shutdown(unshare(envelope)));
+            }
             let timer = match self.timer.schedule(id.clone(), delay) {
                 Ok(t) => t,
-                Err(_) => return Err(PersistError::Shutdown(unshare(envelope))),
+                Err(_) => {
+                    drop(kept);
+                    return Err(PersistError::Shutdown(unshare(envelope)));
+                }
             };
+            // Redis may hold a version of this id: the one this replaces, or an earlier one
+            // whose removal (or a failed write) is still in the journal.
+            let stored = matches!(
+                state.journal.ops.get(&*id),
+                Some(Change::Remove | Change::Encoded(_))
+            );
             let entry = Entry {
                 envelope,
                 timer: Some(timer),
-                persisted: false,
+                persisted: stored,
             };
             if let Some(old) = state.index.insert(id.clone(), entry) {
                 if let Some(t) = old.timer {
                     self.timer.cancel(t);
                 }
-                if let Some(entry) = state.index.get_mut(&*id) {
-                    entry.persisted = old.persisted;
+                if old.persisted {
+                    if let Some(entry) = state.index.get_mut(&*id) {
+                        entry.persisted = true;
+                    }
                 }
             }
             state.journal.record(id, Change::Upsert);
             state.journal.flushed
         };
-        if self.inner.cfg.durability == Durability::WriteThrough {
+        if let Some(envelope) = kept {
             // The round in progress may have taken its changes before this one: wait for the
             // round after it.
-            self.wait_flushed(round + 2);
+            if !self.wait_flushed(round + 2) {
+                return Err(PersistError::Shutdown(unshare(envelope)));
+            }
         }
         Ok(())
     }
@@ -436,7 +470,8 @@ impl<S: TaskStore> Persistent<S> {
         Ok(envelope)
     }
 
-    fn wait_flushed(&self, round: u64) {
+    /// Waits until flush round `round` is done; `false` if the engine stopped first.
+    fn wait_flushed(&self, round: u64) -> bool {
         let mut state = self.inner.state.lock();
         while state.journal.flushed < round && !self.inner.stopping.load(SeqCst) {
             self.inner.kick(&mut state.journal);
@@ -444,12 +479,16 @@ impl<S: TaskStore> Persistent<S> {
                 .flushed
                 .wait_for(&mut state, Duration::from_millis(100));
         }
+        state.journal.flushed >= round
     }
 
     /// Cancels task `id`; `false` if it is not pending (unknown, or already fired).
     pub fn cancel(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
-        let State { index, journal } = &mut *state;
+        if self.inner.stopping.load(SeqCst) {
+            return false; // the flusher's final round may be done: it would not be written
+        }
+        let State { index, journal, .. } = &mut *state;
         let Some(entry) = index.get(id) else {
             return false;
         };
@@ -475,7 +514,8 @@ impl<S: TaskStore> Persistent<S> {
     /// fired, unacknowledged task.
     pub fn ack(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
-        if state.index.get(id).is_none_or(|e| e.timer.is_some()) {
+        if self.inner.stopping.load(SeqCst) || state.index.get(id).is_none_or(|e| e.timer.is_some())
+        {
             return false;
         }
         let Some((id, _)) = state.index.remove_entry(id) else {
@@ -505,12 +545,18 @@ impl<S: TaskStore> Persistent<S> {
         self.inner.state.lock().journal.ops.len()
     }
 
-    /// Loads every task in Redis into the wheel (overdue ones fire at once), paging through the
-    /// ZSET and HASH `page_size` entries at a time, and dead-letters broken entries with their
-    /// reason. Ids already in memory are kept as they are.
+    /// Loads every task in Redis into the wheel (overdue ones fire per [`Overdue`]), paging
+    /// through the ZSET and HASH `page_size` entries at a time, and dead-letters broken entries
+    /// with their reason (an entry whose envelope names another id included). Ids already in
+    /// memory are kept as they are, and ids cancelled or acknowledged since are not loaded
+    /// again. A snapshot asked for meanwhile waits until the restore is done. An error if the
+    /// store fails, or its scan stops before the last page.
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
+        let _restoring = Restoring::begin(&self.inner);
         let mut report = RestoreReport::default();
         let mut overdue = 0u64;
+        // Whether the last page said the scan is complete.
+        let mut scanned = false;
         // A fetcher task reads the next pages while this thread decodes the current one and
         // loads it into the wheel.
         let (tx, pages) = tokio::sync::mpsc::channel(2);
@@ -538,7 +584,17 @@ impl<S: TaskStore> Persistent<S> {
             pages = Some(rx);
             page
         }) {
-            let page = page.map_err(PersistError::Store)?.classify();
+            let mut page = page.map_err(PersistError::Store)?.classify();
+            scanned = page.next == 0;
+            {
+                // An id this engine holds or has changed since is not the store's to judge: the
+                // row may have changed between the scan's two reads.
+                let state = self.inner.state.lock();
+                page.broken.retain(|b| {
+                    !state.index.contains_key(b.id.as_str())
+                        && !state.journal.ops.contains_key(b.id.as_str())
+                });
+            }
             if !page.broken.is_empty() {
                 let (store, broken) = (self.store.clone(), page.broken.clone());
                 let at = self.inner.cfg.clock.now_ms();
@@ -552,10 +608,16 @@ impl<S: TaskStore> Persistent<S> {
             }
             let now = self.inner.cfg.clock.now_ms();
             let mut state = self.inner.state.lock();
-            let index = &mut state.index;
+            let State { index, journal, .. } = &mut *state;
             for envelope in page.tasks {
-                if index.contains_key(envelope.id.as_str()) {
-                    continue; // a ZSCAN may return an entry twice
+                if let Some(held) = index.get_mut(envelope.id.as_str()) {
+                    // Scheduled again before the restore (or returned twice by the scan): the
+                    // engine's version wins, and Redis holds one, so a cancel must remove it.
+                    held.persisted = true;
+                    continue;
+                }
+                if journal.ops.contains_key(envelope.id.as_str()) {
+                    continue; // cancelled or acknowledged since: its removal is on its way
                 }
                 let delay = if envelope.due_at > now {
                     Duration::from_millis(envelope.due_at - now)
@@ -584,6 +646,11 @@ impl<S: TaskStore> Persistent<S> {
                 report.loaded += 1;
             }
         }
+        if !scanned {
+            return Err(PersistError::Store(StoreError::new(
+                "the store's scan ended before its last page (its reader stopped)",
+            )));
+        }
         report.overdue = overdue as usize;
         tracing::info!(
             loaded = report.loaded,
@@ -597,18 +664,14 @@ impl<S: TaskStore> Persistent<S> {
     /// Waits until everything journaled so far is in Redis (for example before a deploy), for at
     /// most `timeout`. Returns whether it got there (`false`: Redis is down or slow).
     pub fn flush(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
         // The round in progress may have started before the last change: wait for the next.
         let target = state.journal.flushed + 2;
         while state.journal.flushed < target {
             self.inner.kick(&mut state.journal);
-            if self
-                .inner
-                .flushed
-                .wait_until(&mut state, deadline)
-                .timed_out()
-            {
+            // Once stopping, the flusher does one last round and is gone: do not wait for more.
+            if self.inner.stopping.load(SeqCst) || self.inner.wait_round(&mut state, deadline) {
                 return state.journal.flushed >= target;
             }
         }
@@ -621,19 +684,13 @@ impl<S: TaskStore> Persistent<S> {
     /// in place of the journal it subsumes. Returns the number of tasks written, or `None` if it
     /// did not complete within `timeout` (the store is down; the flusher keeps retrying it).
     pub fn snapshot(&self, timeout: Duration) -> Option<usize> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
         state.journal.snapshot_wanted = true;
         let target = state.journal.snapshots + 1;
         self.inner.kick(&mut state.journal);
         while state.journal.snapshots < target {
-            if self.inner.stopping.load(SeqCst)
-                || self
-                    .inner
-                    .flushed
-                    .wait_until(&mut state, deadline)
-                    .timed_out()
-            {
+            if self.inner.stopping.load(SeqCst) || self.inner.wait_round(&mut state, deadline) {
                 let journal = &state.journal;
                 return (journal.snapshots >= target).then_some(journal.snapshot_len);
             }
@@ -651,7 +708,12 @@ impl<S: TaskStore> Persistent<S> {
                 "shutdown without a final flush: redis is unreachable"
             );
         }
-        self.inner.stopping.store(true, SeqCst);
+        {
+            // Under the state lock: a change is either journaled before this (and written by
+            // the flusher's final round) or refused after it.
+            let _state = self.inner.state.lock();
+            self.inner.stopping.store(true, SeqCst);
+        }
         self.inner.flushed.notify_all();
         self.inner.kick.notify_all();
         if let Some(h) = self.flusher.lock().take() {
@@ -671,7 +733,7 @@ impl<S: TaskStore> Drop for Persistent<S> {
 
 /// Runs on the callback worker when a task's timer fires: hand the envelope to the consumer,
 /// keep the entry (it is still in Redis) until it is acknowledged.
-fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
+fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str, fired: TimerId) {
     if inner.stopping.load(SeqCst) {
         // Shutting down: the task stays in Redis; do not wait on a consumer that may be gone.
         return;
@@ -679,11 +741,12 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
     let shared = {
         let mut state = inner.state.lock();
         match state.index.get_mut(id) {
-            Some(entry) if entry.timer.is_some() => {
+            Some(entry) if entry.timer == Some(fired) => {
                 entry.timer = None;
                 entry.envelope.clone()
             }
-            // Replaced or cancelled after the timer was taken out: nothing to deliver.
+            // Replaced (it has a newer timer) or cancelled after this timer was taken out:
+            // nothing to deliver.
             _ => return,
         }
     };
@@ -706,6 +769,26 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str) {
                 tracing::warn!(%id, "fired task not delivered: the consumer is gone (it stays in Redis)");
                 return;
             }
+        }
+    }
+}
+
+/// Counts a restore in progress in `State::restoring` while it lives.
+struct Restoring<'a>(&'a Inner);
+
+impl<'a> Restoring<'a> {
+    fn begin(inner: &'a Inner) -> Restoring<'a> {
+        inner.state.lock().restoring += 1;
+        Restoring(inner)
+    }
+}
+
+impl Drop for Restoring<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        state.restoring -= 1;
+        if state.restoring == 0 && state.journal.snapshot_wanted {
+            self.0.kick(&mut state.journal); // the snapshot it held back
         }
     }
 }

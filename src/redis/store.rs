@@ -73,6 +73,8 @@ pub enum BrokenReason {
     Undecodable(String),
     /// The score is not an integer time in `0..=2^53 − 1` ms.
     BadScore(String),
+    /// The envelope names another id (given here) than the entry it is stored under.
+    IdMismatch(String),
 }
 
 impl fmt::Display for BrokenReason {
@@ -81,6 +83,7 @@ impl fmt::Display for BrokenReason {
             BrokenReason::MissingEnvelope => f.write_str("no envelope in the tasks hash"),
             BrokenReason::Undecodable(e) => write!(f, "undecodable envelope: {e}"),
             BrokenReason::BadScore(s) => write!(f, "score {s} is not a valid due time"),
+            BrokenReason::IdMismatch(other) => write!(f, "the envelope names id {other:?}"),
         }
     }
 }
@@ -133,6 +136,7 @@ impl Rows {
                 (None, _) => BrokenReason::BadScore(due),
                 (Some(_), None) => BrokenReason::MissingEnvelope,
                 (Some(due_ms), Some(bytes)) => match Envelope::decode(bytes) {
+                    Ok(env) if env.id != id => BrokenReason::IdMismatch(env.id),
                     Ok(mut env) => {
                         env.due_at = due_ms as u64;
                         page.tasks.push(env);

@@ -1,8 +1,9 @@
 //! The store behind [`Persistent`](super::Persistent): a small trait, so that a backend other
 //! than Redis (PostgreSQL, say) can be added without touching the engine.
 //!
-//! The engine calls it from its flusher thread and from `restore`, one call at a time per
-//! engine; implementations must be cheap to clone and safe to share.
+//! The engine calls it from its flusher (up to four `apply` calls in flight at once, each
+//! with distinct ids) and from `restore` (`rows` and `dead_letter`, alongside the flusher);
+//! implementations must be cheap to clone and safe to share.
 
 use std::future::Future;
 
