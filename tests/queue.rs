@@ -413,6 +413,14 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
         rt.block_on(Producer::connect(bad)),
         Err(QueueError::Config(_))
     ));
+    // A setting so large that the sums and instants made from it would overflow.
+    let mut bad = cfg.clone();
+    bad.reconcile = Duration::MAX;
+    bad.lookahead = Duration::MAX;
+    assert!(matches!(
+        rt.block_on(Producer::connect(bad)),
+        Err(QueueError::Config(_))
+    ));
     let mut bad = cfg;
     bad.assigned_shards = Some(vec![7]);
     assert!(matches!(
@@ -671,6 +679,47 @@ fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
         (depth.queued, depth.leased),
         (0, 0),
         "left leased: {depth:?}"
+    );
+}
+
+/// A shutdown whose timeout passes while handlers are busy: the tasks queued behind them do
+/// not start on this consumer afterwards (their acks could no longer be sent, so they would run
+/// twice); they are left to their leases.
+#[test]
+fn a_timed_out_shutdown_starts_no_more_handlers() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("timedout", |cfg| {
+        cfg.handler_threads = 1;
+    });
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handlers = {
+        let runs = runs.clone();
+        Handlers::new().on("job", move |t| {
+            runs.lock().push(t.id.clone());
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(())
+        })
+    };
+    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    let due = now_ms() + 300;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..5).map(|i| (format!("t{i}"), due)).collect(),
+    );
+    wait_until("the first handler", || !runs.lock().is_empty());
+    let _ = c.shutdown(Duration::from_millis(50));
+    let after_shutdown = runs.lock().len();
+    std::thread::sleep(Duration::from_millis(1_000));
+    assert_eq!(
+        runs.lock().len(),
+        after_shutdown,
+        "handlers started after shutdown returned"
     );
 }
 

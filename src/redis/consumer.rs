@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
 use super::blocking::{wait_on, OwnedRuntime};
-use super::envelope::Envelope;
+use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::KeyLayout;
 use super::persistent::now_ms;
 use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
@@ -306,8 +306,10 @@ impl Consumer {
 
     /// Stops claiming, hands every claimed task that has not fired back to the queue at once
     /// (another consumer fires it at its due time, without waiting for the lease), lets
-    /// running and queued handlers finish within `timeout` (in all), sends their acks, and
-    /// stops. Returns how many tasks were handed back; `Err` if Redis could not take them
+    /// running and queued handlers finish within `timeout`, sends their acks, and stops. If
+    /// the timeout passes first, queued handlers are not started (their tasks fire elsewhere
+    /// after the lease), and the ones running finish on their own, unacknowledged: at-least-once,
+    /// they run again elsewhere after the lease. Returns how many tasks were handed back; `Err` if Redis could not take them
     /// back (their leases expire and the reaper returns them instead).
     pub fn shutdown(mut self, timeout: Duration) -> Result<usize, QueueError> {
         let deadline = std::time::Instant::now() + timeout;
@@ -357,11 +359,17 @@ impl Consumer {
                 given += g;
                 failure = failure.or(f);
             }
-            Err(_) => tracing::warn!(
-                consumer = %self.shared.id,
-                ?timeout,
-                "handlers still running at shutdown; their tasks' leases will expire"
-            ),
+            Err(_) => {
+                // Handlers that have not started by now must not start: their acks could no
+                // longer be sent, so they would run here and again after their lease. Those
+                // still running finish (a thread cannot be stopped); their leases expire too.
+                self.shared.aborted.store(true, SeqCst);
+                tracing::warn!(
+                    consumer = %self.shared.id,
+                    ?timeout,
+                    "handlers still running at shutdown; their tasks' leases will expire"
+                )
+            }
         }
         self.shared.counters.given_back.store(given as u64, Relaxed);
         if let Some(f) = self.finish.take() {
@@ -497,8 +505,13 @@ fn fire(shared: &Shared, c: Claimed) {
                 }
             } else {
                 let wait = retry.backoff.delay(envelope.attempt);
-                // Rounded up, so the retry never comes before its backoff.
-                envelope.due_at = (now_us() + wait.as_micros() as u64).div_ceil(1_000);
+                // Rounded up, so the retry never comes before its backoff; a backoff past
+                // what a score holds waits as long as one can.
+                let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                envelope.due_at = now_us()
+                    .saturating_add(wait_us)
+                    .div_ceil(1_000)
+                    .min(MAX_DUE_MS);
                 tracing::debug!(id = %envelope.id, attempt = envelope.attempt, ?wait, %reason, "task failed; retrying");
                 Outcome::Retry {
                     shard,
@@ -630,7 +643,7 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
                 continue;
             }
         };
-        let delay = Duration::from_micros((due * 1_000).saturating_sub(now_us()));
+        let delay = Duration::from_micros(due.saturating_mul(1_000).saturating_sub(now_us()));
         let mut held = shared.held.lock();
         let claimed = Claimed {
             shard,

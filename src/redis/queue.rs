@@ -164,6 +164,24 @@ impl QueueConfig {
                 "reconcile, reaper_interval and lease must be positive",
             ));
         }
+        let day = Duration::from_secs(86_400);
+        if [
+            self.lookahead,
+            self.reconcile,
+            self.claim_margin,
+            self.lease,
+            self.ack_interval,
+            self.reaper_interval,
+        ]
+        .iter()
+        .any(|d| *d > day)
+        {
+            // Beyond any sensible setting, and it keeps every sum of them far from overflow.
+            return Err(QueueError::Config(
+                "lookahead, reconcile, claim_margin, lease, ack_interval and reaper_interval \
+                 must be at most a day",
+            ));
+        }
         if self.lookahead < self.reconcile + self.claim_margin {
             // Otherwise a task with no wake-up could fall between two claims' windows.
             return Err(QueueError::Config(
@@ -275,7 +293,9 @@ impl When {
     fn due_ms(self) -> u64 {
         match self {
             When::At(ms) => ms,
-            When::After(d) => now_ms().saturating_add(d.as_millis() as u64),
+            When::After(d) => {
+                now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            }
         }
     }
 }
