@@ -723,6 +723,35 @@ fn a_timed_out_shutdown_starts_no_more_handlers() {
     );
 }
 
+/// A dead-letter hash in Redis's hashtable encoding, where HSCAN's COUNT is only a hint: the
+/// listing follows the cursor and stops at the limit.
+#[test]
+fn dead_letters_lists_up_to_the_limit_from_a_large_hash() {
+    let Fixture { server, rt, p, .. } = fixture("manydead", |_| {});
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut hset = redis::cmd("HSET");
+    hset.arg("{manydead}:dead");
+    for i in 0..500 {
+        hset.arg(format!("d{i}"))
+            .arg(r#"{"reason":"test","raw":"{}","at":1,"attempt":5}"#);
+    }
+    let _: () = hset.query(&mut conn).unwrap();
+    let some = rt.block_on(p.dead_letters(300)).unwrap();
+    assert_eq!(some.len(), 300);
+    let mut all: Vec<String> = rt
+        .block_on(p.dead_letters(1_000))
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 500);
+}
+
 #[test]
 fn a_reclaimed_id_fires_once_with_its_newest_version() {
     let server = RedisServer::start_in_memory();

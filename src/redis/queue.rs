@@ -449,21 +449,34 @@ impl Producer {
         Ok(self.conn.run::<i64>(&inv).await? == 1)
     }
 
-    /// Up to `limit` dead-lettered tasks per shard.
+    /// Up to `limit` dead-lettered tasks, over all shards (a hash that changes meanwhile may
+    /// list one twice).
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
         let mut out = Vec::new();
         for keys in self.shards.iter() {
-            let mut conn = self.conn.conn.clone();
-            self.conn.count(1);
-            let (_, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-                .arg(keys.dead())
-                .arg(0)
-                .arg("COUNT")
-                .arg(limit.max(1))
-                .query_async(&mut conn)
-                .await?;
-            for (id, record) in flat.into_iter().take(limit) {
-                out.push(parse_dead(id, &record));
+            // HSCAN's COUNT is a hint: a large hash answers a few entries per call, so follow
+            // the cursor until the limit or the end.
+            let mut cursor = 0u64;
+            while out.len() < limit {
+                let mut conn = self.conn.conn.clone();
+                self.conn.count(1);
+                let (next, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                    .arg(keys.dead())
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(limit - out.len())
+                    .query_async(&mut conn)
+                    .await?;
+                let room = limit - out.len();
+                out.extend(
+                    flat.into_iter()
+                        .take(room)
+                        .map(|(id, record)| parse_dead(id, &record)),
+                );
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
         }
         Ok(out)
