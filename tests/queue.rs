@@ -724,7 +724,8 @@ fn a_timed_out_shutdown_starts_no_more_handlers() {
 }
 
 /// A dead-letter hash in Redis's hashtable encoding, where HSCAN's COUNT is only a hint: the
-/// listing follows the cursor and stops at the limit.
+/// listing follows the cursor and stops at the limit. And a dead record that names another id
+/// is refused by `requeue`.
 #[test]
 fn dead_letters_lists_up_to_the_limit_from_a_large_hash() {
     let Fixture { server, rt, p, .. } = fixture("manydead", |_| {});
@@ -750,6 +751,30 @@ fn dead_letters_lists_up_to_the_limit_from_a_large_hash() {
     all.sort();
     all.dedup();
     assert_eq!(all.len(), 500);
+    // A record whose envelope names another id is not a task to requeue under this one.
+    let other = delaywheel::redis::Envelope {
+        id: "other".into(),
+        topic: "job".into(),
+        payload: serde_json::Value::Null,
+        attempt: 5,
+        created_at: 1,
+        due_at: 1,
+    };
+    let record = serde_json::json!({
+        "reason": "envelope id does not match its key",
+        "raw": String::from_utf8(other.encode(4096).unwrap()).unwrap(),
+        "at": 1,
+    });
+    let _: () = redis::cmd("HSET")
+        .arg("{manydead}:dead")
+        .arg("x")
+        .arg(record.to_string())
+        .query(&mut conn)
+        .unwrap();
+    assert!(matches!(
+        rt.block_on(p.requeue("x")),
+        Err(QueueError::NotAnEnvelope(id)) if id == "x"
+    ));
 }
 
 #[test]

@@ -499,7 +499,9 @@ impl Producer {
             return Ok(false);
         };
         let dead = parse_dead(id.to_string(), &record);
-        let Ok(mut envelope) = Envelope::decode(dead.raw.as_bytes()) else {
+        let envelope = Envelope::decode(dead.raw.as_bytes()).ok();
+        // One stored under another id was dead-lettered for that: it is not this task.
+        let Some(mut envelope) = envelope.filter(|e| e.id == id) else {
             return Err(QueueError::NotAnEnvelope(id.to_string()));
         };
         envelope.attempt = 0;
@@ -514,7 +516,9 @@ impl Producer {
             .arg(id)
             .arg(bytes)
             .arg(envelope.due_at)
-            .arg(self.cfg.channel());
+            .arg(self.cfg.channel())
+            // Only the record read above: one dead-lettered again meanwhile stays.
+            .arg(&record);
         match self.conn.run::<i64>(&inv).await? {
             1 => Ok(true),
             -1 => Err(QueueError::StillPending(id.to_string())),

@@ -169,13 +169,15 @@ return #ids
     )
 });
 
-/// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms), channel. Moves a dead-lettered task
-/// back to the queue with a fresh envelope and wakes the consumers. Returns 0 if it is not in
-/// the dead-letter HASH, -1 (and changes nothing) if a task with that id is pending again.
+/// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms), channel, the dead record as read.
+/// Moves a dead-lettered task back to the queue with a fresh envelope and wakes the consumers.
+/// Returns 0 if the dead-letter HASH no longer holds that record for the id (gone, or
+/// dead-lettered again since it was read), -1 (and changes nothing) if a task with that id is
+/// pending again.
 pub(crate) static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[5] then return 0 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return -1 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
