@@ -10,6 +10,19 @@ use super::layout::KeyLayout;
 use super::link::Link;
 use super::task_store::TaskStore;
 
+/// KEYS: scratch due, scratch tasks, due, tasks. Renames both scratch keys over the live ones,
+/// or (returning 0) changes nothing when either is missing.
+static SWAP_IN: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('RENAME', KEYS[1], KEYS[3])
+redis.call('RENAME', KEYS[2], KEYS[4])
+return 1
+",
+    )
+});
+
 /// One change to the stored set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -372,23 +385,28 @@ impl RedisStore {
             pipe.query_async::<()>(&mut conn).await?;
             written += n;
         }
-        let mut swap = redis::pipe();
-        swap.atomic();
-        swap.cmd("DEL")
-            .arg(self.keys.due())
-            .arg(self.keys.tasks())
-            .ignore();
-        if written > 0 {
-            swap.cmd("RENAME")
-                .arg(&scratch_due)
+        if written == 0 {
+            redis::cmd("DEL")
                 .arg(self.keys.due())
-                .ignore();
-            swap.cmd("RENAME")
-                .arg(&scratch_tasks)
                 .arg(self.keys.tasks())
-                .ignore();
+                .query_async::<()>(&mut conn)
+                .await?;
+            return Ok(());
         }
-        swap.query_async::<()>(&mut conn).await?;
+        // Both scratch keys must still be there (a MULTI would not roll a failed RENAME back,
+        // and the live set would be half replaced); RENAME replaces each live key at once.
+        let swapped: i64 = SWAP_IN
+            .key(&scratch_due)
+            .key(&scratch_tasks)
+            .key(self.keys.due())
+            .key(self.keys.tasks())
+            .invoke_async(&mut conn)
+            .await?;
+        if swapped != 1 {
+            return Err(StoreError::new(
+                "the snapshot's scratch keys vanished before the swap",
+            ));
+        }
         Ok(())
     }
 }
