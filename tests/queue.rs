@@ -640,14 +640,14 @@ fn the_queue_spreads_over_a_redis_cluster() {
     }
 }
 
-#[test]
-fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
-    let Fixture {
-        server: _server,
-        rt,
-        cfg,
-        p,
-    } = fixture("queued", |cfg| {
+/// One consumer with one handler thread whose handler records the id and takes `handler`:
+/// `n` tasks due at once, and the first handler already running when this returns.
+fn busy_single_handler(
+    ns: &str,
+    n: usize,
+    handler: Duration,
+) -> (Fixture, Arc<Mutex<Vec<String>>>, Consumer) {
+    let fixture = fixture(ns, |cfg| {
         cfg.handler_threads = 1;
     });
     let runs: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -655,19 +655,34 @@ fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
         let runs = runs.clone();
         Handlers::new().on("job", move |t| {
             runs.lock().push(t.id.clone());
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(handler);
             Ok(())
         })
     };
-    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    let c = Consumer::start(fixture.cfg.clone(), handlers).unwrap();
     let due = now_ms() + 300;
     enqueue_all(
-        &rt,
-        &p,
+        &fixture.rt,
+        &fixture.p,
         "job",
-        (0..10).map(|i| (format!("q{i}"), due)).collect(),
+        (0..n).map(|i| (format!("q{i}"), due)).collect(),
     );
     wait_until("the first handler", || !runs.lock().is_empty());
+    (fixture, runs, c)
+}
+
+#[test]
+fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
+    let (
+        Fixture {
+            server: _server,
+            rt,
+            p,
+            ..
+        },
+        runs,
+        c,
+    ) = busy_single_handler("queued", 10, Duration::from_millis(100));
     // Nine tasks have fired and wait for the one handler thread.
     c.shutdown(Duration::from_secs(10)).unwrap();
     let mut runs = runs.lock().clone();
@@ -687,32 +702,7 @@ fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
 /// twice); they are left to their leases.
 #[test]
 fn a_timed_out_shutdown_starts_no_more_handlers() {
-    let Fixture {
-        server: _server,
-        rt,
-        cfg,
-        p,
-    } = fixture("timedout", |cfg| {
-        cfg.handler_threads = 1;
-    });
-    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let handlers = {
-        let runs = runs.clone();
-        Handlers::new().on("job", move |t| {
-            runs.lock().push(t.id.clone());
-            std::thread::sleep(Duration::from_millis(300));
-            Ok(())
-        })
-    };
-    let c = Consumer::start(cfg.clone(), handlers).unwrap();
-    let due = now_ms() + 300;
-    enqueue_all(
-        &rt,
-        &p,
-        "job",
-        (0..5).map(|i| (format!("t{i}"), due)).collect(),
-    );
-    wait_until("the first handler", || !runs.lock().is_empty());
+    let (_fixture, runs, c) = busy_single_handler("timedout", 5, Duration::from_millis(300));
     let _ = c.shutdown(Duration::from_millis(50));
     let after_shutdown = runs.lock().len();
     std::thread::sleep(Duration::from_millis(1_000));
