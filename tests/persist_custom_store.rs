@@ -338,3 +338,23 @@ fn write_through_that_shutdown_interrupts_returns_the_envelope() {
     // After shutdown there is no flusher: a flush, even without a deadline, says so at once.
     assert!(!p.flush(Duration::MAX));
 }
+
+/// Settings that could never work are refused at start, by name.
+#[test]
+fn settings_out_of_range_are_refused() {
+    let store = MemStore::default();
+    let zero_bound = PersistConfig {
+        journal_bound: 0,
+        ..PersistConfig::new("unused://", "unused")
+    };
+    let zero_interval = PersistConfig {
+        flush_interval: Duration::ZERO,
+        ..PersistConfig::new("unused://", "unused")
+    };
+    for cfg in [zero_bound, zero_interval] {
+        assert!(matches!(
+            Persistent::with_store(cfg, store.clone()),
+            Err(PersistError::Config(_))
+        ));
+    }
+}

@@ -140,6 +140,8 @@ pub enum PersistError {
     JournalFull(Box<Envelope>),
     /// The engine has been shut down.
     Shutdown(Box<Envelope>),
+    /// A setting is out of range (named in the message).
+    Config(&'static str),
 }
 
 impl fmt::Display for PersistError {
@@ -150,6 +152,7 @@ impl fmt::Display for PersistError {
             PersistError::Store(e) => e.fmt(f),
             PersistError::Envelope(e, _) => e.fmt(f),
             PersistError::JournalFull(_) => f.write_str("the persistence journal is full"),
+            PersistError::Config(e) => write!(f, "bad persistence setting: {e}"),
             PersistError::Shutdown(_) => f.write_str("the engine has been shut down"),
         }
     }
@@ -309,6 +312,13 @@ impl<S: TaskStore> Persistent<S> {
         store: S,
         rt: Arc<OwnedRuntime>,
     ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
+        if cfg.flush_interval.is_zero() || cfg.batch == 0 || cfg.journal_bound == 0 {
+            // A zero interval spins against a Redis that is down; a zero bound or batch can
+            // never take a change.
+            return Err(PersistError::Config(
+                "flush_interval, batch and journal_bound must be positive",
+            ));
+        }
         let bound = crate::error::capacity(cfg.fired_bound).map_err(PersistError::Build)?;
         let (tx, rx) = crossbeam_channel::bounded(bound);
         let inner = Arc::new(Inner {
@@ -389,7 +399,18 @@ impl<S: TaskStore> Persistent<S> {
             (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
         let round = {
             let mut state = self.inner.state.lock();
+            let full = state.journal.ops.len() >= self.inner.cfg.journal_bound;
             let envelope = self.wait_for_room(&mut state, envelope)?;
+            // Time spent waiting for room does not make the task late.
+            let delay = if full {
+                Duration::from_millis(
+                    envelope
+                        .due_at
+                        .saturating_sub(self.inner.cfg.clock.now_ms()),
+                )
+            } else {
+                delay
+            };
             // Checked under the lock `shutdown` sets it under: a change journaled here is in
             // the flusher's final round.
             if self.inner.stopping.load(SeqCst) {
