@@ -20,10 +20,9 @@ use super::task_store::TaskStore;
 pub(super) enum Change {
     /// Write the task's envelope, as the index holds it when the flusher takes the round: the
     /// caller shares nothing with the journal but the id. Encoded by the flusher, off the
-    /// caller's path, and never if a later change replaces it first.
+    /// caller's path, and never if a later change replaces it first. A failed write comes
+    /// back as this too, and then writes the newest version.
     Upsert,
-    /// A write that failed and waits for the next round, already encoded.
-    Encoded(Op),
     /// Remove the task (cancelled, or fired and acknowledged).
     Remove,
 }
@@ -31,7 +30,6 @@ pub(super) enum Change {
 /// A change as a round takes it, an upsert with the envelope it writes.
 enum Pending {
     Write(Arc<Envelope>),
-    Encoded(Op),
     Remove,
 }
 
@@ -40,8 +38,7 @@ impl Pending {
     fn due_at(&self) -> u64 {
         match self {
             Pending::Write(envelope) => envelope.due_at,
-            Pending::Encoded(Op::Upsert { due_at, .. }) => *due_at,
-            Pending::Encoded(Op::Remove(_)) | Pending::Remove => u64::MAX,
+            Pending::Remove => u64::MAX,
         }
     }
 }
@@ -79,7 +76,6 @@ impl Journal {
 fn into_op((id, pending): (Arc<str>, Pending)) -> Option<Op> {
     match pending {
         Pending::Write(envelope) => upsert_op(&envelope),
-        Pending::Encoded(op) => Some(op),
         Pending::Remove => Some(Op::Remove(id.to_string())),
     }
 }
@@ -146,12 +142,6 @@ fn take_round(inner: &Inner) -> Round {
                     // Cancel and ack replace a task's upsert before it leaves the index.
                     debug_assert!(false, "an upsert of a task that is not held");
                     return None;
-                }
-                (Change::Encoded(op), entry) => {
-                    if let Some(entry) = entry {
-                        entry.persisted = true;
-                    }
-                    Pending::Encoded(op)
                 }
                 (Change::Remove, _) => Pending::Remove,
             };
@@ -262,7 +252,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     failed,
                     error,
                     lost,
-                } = write_batches(store, rt, ops, inner.cfg.batch.max(1));
+                } = write_batches(store, rt, ops, inner.cfg.batch);
                 metrics::counter!("delaywheel_flushed_ops_total").increment(written as u64);
                 if lost {
                     inner.state.lock().journal.snapshot_wanted = true;
@@ -273,18 +263,23 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     // snapshot was asked for, the snapshot covers these too.
                     if !journal.snapshot_wanted {
                         for op in failed {
-                            match journal.ops.entry(Arc::from(op.id())) {
-                                MapEntry::Occupied(newer) => {
-                                    // A newer change wins; but Redis may hold what this op
-                                    // left half done (or the version it was to remove), so a
-                                    // cancel of the task now held must reach Redis.
-                                    if let Some(entry) = index.get_mut(newer.key()) {
-                                        entry.persisted = true;
-                                    }
+                            let id: Arc<str> = Arc::from(op.id());
+                            // Redis may hold what this op left half done, or the version it was
+                            // to remove: a cancel of the task now held must reach Redis.
+                            let held = match index.get_mut(&id) {
+                                Some(entry) => {
+                                    entry.persisted = true;
+                                    true
                                 }
-                                MapEntry::Vacant(slot) => {
-                                    slot.insert(Change::Encoded(op));
-                                }
+                                None => false,
+                            };
+                            if let MapEntry::Vacant(slot) = journal.ops.entry(id) {
+                                // Tried again: a write as the task's current version, or a
+                                // removal (also of a write whose task is gone since).
+                                slot.insert(match op {
+                                    Op::Upsert { .. } if held => Change::Upsert,
+                                    _ => Change::Remove,
+                                });
                             }
                         }
                         journal.oldest = journal.oldest.min(oldest).or(oldest);

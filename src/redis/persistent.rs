@@ -219,6 +219,24 @@ impl Inner {
         self.kick.notify_one();
     }
 
+    /// Kicks the flusher until round `target` is done; `false` if `deadline` passes or the
+    /// engine stops first (the flusher then does one last round and is gone: no use waiting).
+    /// `shutdown` notifies `flushed` after setting `stopping`, so no wait outlives it.
+    fn wait_for_round(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        target: u64,
+        deadline: Option<Instant>,
+    ) -> bool {
+        while state.journal.flushed < target {
+            self.kick(&mut state.journal);
+            if self.stopping.load(SeqCst) || self.wait_round(state, deadline) {
+                return state.journal.flushed >= target;
+            }
+        }
+        true
+    }
+
     /// Waits for the end of a flush round, until `deadline` (`None`: past what an `Instant`
     /// holds, so no deadline). Returns whether the deadline passed.
     fn wait_round(&self, state: &mut MutexGuard<'_, State>, deadline: Option<Instant>) -> bool {
@@ -425,11 +443,8 @@ impl<S: TaskStore> Persistent<S> {
                 }
             };
             // Redis may hold a version of this id: the one this replaces, or an earlier one
-            // whose removal (or a failed write) is still in the journal.
-            let stored = matches!(
-                state.journal.ops.get(&*id),
-                Some(Change::Remove | Change::Encoded(_))
-            );
+            // whose removal is still in the journal.
+            let stored = matches!(state.journal.ops.get(&*id), Some(Change::Remove));
             let entry = Entry {
                 envelope,
                 timer: Some(timer),
@@ -494,13 +509,7 @@ impl<S: TaskStore> Persistent<S> {
     /// Waits until flush round `round` is done; `false` if the engine stopped first.
     fn wait_flushed(&self, round: u64) -> bool {
         let mut state = self.inner.state.lock();
-        while state.journal.flushed < round && !self.inner.stopping.load(SeqCst) {
-            self.inner.kick(&mut state.journal);
-            self.inner
-                .flushed
-                .wait_for(&mut state, Duration::from_millis(100));
-        }
-        state.journal.flushed >= round
+        self.inner.wait_for_round(&mut state, round, None)
     }
 
     /// Cancels task `id`; `false` if it is not pending (unknown, or already fired).
@@ -689,14 +698,7 @@ impl<S: TaskStore> Persistent<S> {
         let mut state = self.inner.state.lock();
         // The round in progress may have started before the last change: wait for the next.
         let target = state.journal.flushed + 2;
-        while state.journal.flushed < target {
-            self.inner.kick(&mut state.journal);
-            // Once stopping, the flusher does one last round and is gone: do not wait for more.
-            if self.inner.stopping.load(SeqCst) || self.inner.wait_round(&mut state, deadline) {
-                return state.journal.flushed >= target;
-            }
-        }
-        true
+        self.inner.wait_for_round(&mut state, target, deadline)
     }
 
     /// Writes the whole pending set (pending and fired-but-unacknowledged tasks) to the store
