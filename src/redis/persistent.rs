@@ -106,6 +106,19 @@ pub struct PersistConfig {
 }
 
 impl PersistConfig {
+    /// Refuses settings that could never work, before anything is connected or started.
+    fn check(&self) -> Result<(), PersistError> {
+        if self.flush_interval.is_zero() || self.batch == 0 || self.journal_bound == 0 {
+            // A zero interval spins against a Redis that is down; a zero bound or batch can
+            // never take a change.
+            return Err(PersistError::Config(
+                "flush_interval, batch and journal_bound must be positive",
+            ));
+        }
+        crate::error::capacity(self.fired_bound).map_err(PersistError::Build)?;
+        Ok(())
+    }
+
     /// Defaults for `url` and `namespace`.
     pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> PersistConfig {
         PersistConfig {
@@ -297,6 +310,7 @@ impl Persistent<RedisStore> {
     pub fn start(
         cfg: PersistConfig,
     ) -> Result<(Persistent<RedisStore>, Receiver<Envelope>), PersistError> {
+        cfg.check()?;
         let keys = KeyLayout::new(&cfg.namespace).map_err(PersistError::Namespace)?;
         let rt = store_runtime()?;
         let (url, nodes) = (cfg.url.clone(), cfg.cluster_nodes.clone());
@@ -321,6 +335,7 @@ impl<S: TaskStore> Persistent<S> {
         cfg: PersistConfig,
         store: S,
     ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
+        cfg.check()?;
         let rt = store_runtime()?;
         Persistent::launch(cfg, store, rt)
     }
@@ -330,15 +345,7 @@ impl<S: TaskStore> Persistent<S> {
         store: S,
         rt: Arc<OwnedRuntime>,
     ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
-        if cfg.flush_interval.is_zero() || cfg.batch == 0 || cfg.journal_bound == 0 {
-            // A zero interval spins against a Redis that is down; a zero bound or batch can
-            // never take a change.
-            return Err(PersistError::Config(
-                "flush_interval, batch and journal_bound must be positive",
-            ));
-        }
-        let bound = crate::error::capacity(cfg.fired_bound).map_err(PersistError::Build)?;
-        let (tx, rx) = crossbeam_channel::bounded(bound);
+        let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound);
         let inner = Arc::new(Inner {
             cfg,
             state: Mutex::new(State::default()),
@@ -412,10 +419,7 @@ impl<S: TaskStore> Persistent<S> {
         // Allocated before the lock is taken.
         let id: Arc<str> = Arc::from(envelope.id.as_str());
         let envelope = Arc::new(envelope);
-        // WriteThrough hands the envelope back if the engine stops before Redis confirms it.
-        let kept =
-            (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
-        let round = {
+        let (round, kept) = {
             let mut state = self.inner.state.lock();
             let full = state.journal.ops.len() >= self.inner.cfg.journal_bound;
             let envelope = self.wait_for_room(&mut state, envelope)?;
@@ -432,19 +436,20 @@ impl<S: TaskStore> Persistent<S> {
             // Checked under the lock `shutdown` sets it under: a change journaled here is in
             // the flusher's final round.
             if self.inner.stopping.load(SeqCst) {
-                drop(kept);
                 return Err(PersistError::Shutdown(unshare(envelope)));
             }
             let timer = match self.timer.schedule(id.clone(), delay) {
                 Ok(t) => t,
                 Err(_) => {
-                    drop(kept);
                     return Err(PersistError::Shutdown(unshare(envelope)));
                 }
             };
             // Redis may hold a version of this id: the one this replaces, or an earlier one
             // whose removal is still in the journal.
             let stored = matches!(state.journal.ops.get(&*id), Some(Change::Remove));
+            // WriteThrough hands the envelope back if the engine stops before Redis confirms it.
+            let kept =
+                (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
             let entry = Entry {
                 envelope,
                 timer: Some(timer),
@@ -461,7 +466,7 @@ impl<S: TaskStore> Persistent<S> {
                 }
             }
             state.journal.record(id, Change::Upsert);
-            state.journal.flushed
+            (state.journal.flushed, kept)
         };
         if let Some(envelope) = kept {
             // The round in progress may have taken its changes before this one: wait for the
