@@ -314,13 +314,10 @@ impl Persistent<RedisStore> {
         let keys = KeyLayout::new(&cfg.namespace).map_err(PersistError::Namespace)?;
         let rt = store_runtime()?;
         let (url, nodes) = (cfg.url.clone(), cfg.cluster_nodes.clone());
-        let store = wait_on(&rt, async move {
-            if nodes.is_empty() {
-                RedisStore::connect(&url, keys).await
-            } else {
-                RedisStore::connect_cluster(&nodes, keys).await
-            }
-        })
+        let store = wait_on(
+            &rt,
+            async move { RedisStore::open(&url, &nodes, keys).await },
+        )
         .ok_or_else(runtime_stopped)?
         .map_err(PersistError::Store)?;
         Persistent::launch(cfg, store, rt)

@@ -215,6 +215,16 @@ impl RedisStore {
         Ok(RedisStore { keys, conn })
     }
 
+    /// For a configuration: the cluster of `cluster_nodes` when there are any, else `url`.
+    pub(crate) async fn open(
+        url: &str,
+        cluster_nodes: &[String],
+        keys: KeyLayout,
+    ) -> Result<RedisStore, StoreError> {
+        let conn = Link::open(url, cluster_nodes).await?;
+        Ok(RedisStore { keys, conn })
+    }
+
     /// The namespace's keys.
     pub fn keys(&self) -> &KeyLayout {
         &self.keys
