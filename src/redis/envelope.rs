@@ -76,16 +76,11 @@ impl Envelope {
     /// JSON is only counted), and returns the encoded size.
     pub fn check(&self, limit: usize) -> Result<usize, EnvelopeError> {
         self.check_fields()?;
-        let mut counter = Counter(0);
-        serde_json::to_writer(&mut counter, self)
-            .map_err(|e| EnvelopeError::Encode(e.to_string()))?;
-        if counter.0 > limit {
-            return Err(EnvelopeError::TooLarge {
-                size: counter.0,
-                limit,
-            });
+        let size = encoded_len(self).map_err(|e| EnvelopeError::Encode(e.to_string()))?;
+        if size > limit {
+            return Err(EnvelopeError::TooLarge { size, limit });
         }
-        Ok(counter.0)
+        Ok(size)
     }
 
     /// Checks what [`check`](Self::check) checks, with the same answer, but skips the exact
@@ -124,9 +119,8 @@ impl Envelope {
                 created_at: 0,
                 due_at: 0,
             };
-            let mut counter = Counter(0);
             // A fixed, encodable value: cannot fail; a generous guess if it ever did.
-            serde_json::to_writer(&mut counter, &empty).map_or(256, |()| counter.0)
+            encoded_len(&empty).unwrap_or(256)
         });
         [
             empty,
@@ -166,9 +160,8 @@ fn json_bound(value: &serde_json::Value) -> usize {
     match value {
         Value::Null | Value::Bool(_) => 5,
         Value::Number(n) => {
-            let mut counter = Counter(0);
-            // Writing a number into a counter cannot fail; a generous guess if it ever did.
-            serde_json::to_writer(&mut counter, n).map_or(64, |()| counter.0)
+            // Writing a number cannot fail; a generous guess if it ever did.
+            encoded_len(n).unwrap_or(64)
         }
         Value::String(s) => string_bound(s),
         // Brackets, and a comma after each item (one too many: a bound).
@@ -185,6 +178,13 @@ fn json_bound(value: &serde_json::Value) -> usize {
             })
             .fold(2, sum),
     }
+}
+
+/// The length of `value` encoded as JSON, counted without building the bytes.
+fn encoded_len(value: &impl Serialize) -> Result<usize, serde_json::Error> {
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, value)?;
+    Ok(counter.0)
 }
 
 /// A writer that only counts the bytes written to it.
