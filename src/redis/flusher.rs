@@ -63,11 +63,30 @@ pub(super) struct Journal {
 }
 
 impl Journal {
-    /// Records `change` for `id`, replacing any earlier unflushed change to that id.
-    pub(super) fn record(&mut self, id: Arc<str>, change: Change) {
-        self.ops.insert(id, change);
+    /// Records `change` for `id`, replacing (and returning) any earlier unflushed change to
+    /// that id.
+    pub(super) fn record(&mut self, id: Arc<str>, change: Change) -> Option<Change> {
         if self.oldest.is_none() {
             self.oldest = Some(Instant::now());
+        }
+        self.ops.insert(id, change)
+    }
+
+    /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
+    /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
+    /// window, it costs no Redis command at all.
+    pub(super) fn remove(&mut self, id: Arc<str>, persisted: bool) {
+        match self.ops.entry(id) {
+            MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert) => {
+                slot.remove();
+            }
+            MapEntry::Occupied(mut slot) => *slot.get_mut() = Change::Remove,
+            MapEntry::Vacant(slot) => {
+                slot.insert(Change::Remove);
+                if self.oldest.is_none() {
+                    self.oldest = Some(Instant::now());
+                }
+            }
         }
     }
 }
@@ -106,11 +125,14 @@ enum Round {
 
 /// Takes the next round's work out of the journal (and, for a snapshot, the index).
 fn take_round(inner: &Inner) -> Round {
+    let anchor = inner.cfg.clock.anchor();
     let mut state = inner.state.lock();
+    state.anchor = anchor;
     let State {
         index,
         journal,
         restoring,
+        ..
     } = &mut *state;
     metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
     if let Some(t) = journal.oldest {
@@ -234,6 +256,9 @@ fn write_batches<S: TaskStore>(
 
 /// The flusher: every interval, write the journal in batches (or a snapshot when one is asked
 /// for); on failure, put the changes back (newer ones win) and back off.
+/// How old the flusher lets the anchor `schedule` reads due times against grow.
+const ANCHOR_AGE: Duration = Duration::from_secs(1);
+
 pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runtime) {
     let mut backoff = inner.cfg.flush_interval;
     let mut down_since: Option<Instant> = None;
@@ -329,8 +354,22 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             break;
         }
         let mut state = inner.state.lock();
-        if !inner.stopping.load(SeqCst) && (!state.journal.kicked || down_since.is_some()) {
-            inner.kick.wait_for(&mut state, backoff);
+        let until = Instant::now() + backoff;
+        while !inner.stopping.load(SeqCst) && (!state.journal.kicked || down_since.is_some()) {
+            // A long interval still re-reads the anchor every second, so a step of the wall
+            // clock reaches new deadlines within a second.
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let timed_out = inner
+                .kick
+                .wait_for(&mut state, left.min(ANCHOR_AGE))
+                .timed_out();
+            state.anchor = inner.cfg.clock.anchor();
+            if !timed_out {
+                break; // kicked, or stopping
+            }
         }
         state.journal.kicked = false;
     }

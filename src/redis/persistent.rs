@@ -15,6 +15,7 @@
 //! * `WriteBehind` (default) loses at most the changes of the last flush window in a crash.
 //!   `WriteThrough` makes `schedule` return only once Redis has acknowledged it.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
@@ -32,7 +33,7 @@ use super::flusher::{flush_loop, Change, Journal};
 use super::layout::{KeyLayout, NamespaceError};
 use super::store::{RedisStore, StoreError};
 use super::task_store::TaskStore;
-use super::wall_clock::WallClock;
+use super::wall_clock::{Anchor, WallClock};
 use crate::{BuildError, Timer, TimerId};
 
 /// When a change counts as done.
@@ -205,8 +206,11 @@ pub(super) struct Entry {
 pub(super) type Ids<V> = HashMap<Arc<str>, V, foldhash::fast::RandomState>;
 
 /// Everything the callers and the flusher share, under `Inner::state`.
-#[derive(Default)]
 pub(super) struct State {
+    /// The wall clock and the timer's clock read together, by the flusher at every round:
+    /// `schedule` turns due times into timer deadlines with it instead of reading the clocks
+    /// again (one clock read is a fifth of its cost here).
+    pub(super) anchor: Anchor,
     /// Every task held: pending, or fired and not yet acknowledged.
     pub(super) index: Ids<Entry>,
     /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
@@ -343,9 +347,15 @@ impl<S: TaskStore> Persistent<S> {
         rt: Arc<OwnedRuntime>,
     ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound);
+        let anchor = cfg.clock.anchor();
         let inner = Arc::new(Inner {
             cfg,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                anchor,
+                index: Ids::default(),
+                restoring: 0,
+                journal: Journal::default(),
+            }),
             flushed: Condvar::new(),
             kick: Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -389,81 +399,70 @@ impl<S: TaskStore> Persistent<S> {
         payload: serde_json::Value,
         due_at: u64,
     ) -> Result<(), PersistError> {
-        let now = self.inner.cfg.clock.now_ms();
         let envelope = Envelope {
             id: id.into(),
             topic: topic.into(),
             payload,
             attempt: 0,
-            created_at: now,
+            created_at: self.inner.cfg.clock.now_ms(),
             due_at,
         };
-        self.schedule_at(envelope, now)
+        self.schedule_envelope(envelope)
     }
 
     /// Schedules (or replaces) a complete envelope. Errors as for [`schedule`](Self::schedule).
     pub fn schedule_envelope(&self, envelope: Envelope) -> Result<(), PersistError> {
-        self.schedule_at(envelope, self.inner.cfg.clock.now_ms())
-    }
-
-    fn schedule_at(&self, envelope: Envelope, now: u64) -> Result<(), PersistError> {
         // Checked (size, id, due time) here, so the caller gets the envelope back; encoded
         // later by the flusher.
         if let Err(e) = envelope.fits(self.inner.cfg.max_envelope) {
             return Err(PersistError::Envelope(e, Box::new(envelope)));
         }
-        let delay = Duration::from_millis(envelope.due_at.saturating_sub(now));
         // Allocated before the lock is taken.
         let id: Arc<str> = Arc::from(envelope.id.as_str());
         let envelope = Arc::new(envelope);
         let (round, kept) = {
             let mut state = self.inner.state.lock();
-            let full = state.journal.ops.len() >= self.inner.cfg.journal_bound;
             let envelope = self.wait_for_room(&mut state, envelope)?;
-            // Time spent waiting for room does not make the task late.
-            let delay = if full {
-                Duration::from_millis(
-                    envelope
-                        .due_at
-                        .saturating_sub(self.inner.cfg.clock.now_ms()),
-                )
-            } else {
-                delay
-            };
             // Checked under the lock `shutdown` sets it under: a change journaled here is in
             // the flusher's final round.
             if self.inner.stopping.load(SeqCst) {
                 return Err(PersistError::Shutdown(unshare(envelope)));
             }
-            let timer = match self.timer.schedule(id.clone(), delay) {
-                Ok(t) => t,
-                Err(_) => {
-                    return Err(PersistError::Shutdown(unshare(envelope)));
-                }
+            // Against the anchor the flusher refreshes, after any wait for room: time spent
+            // waiting does not make the task late.
+            let Some(timer) = self.arm(id.clone(), &state.anchor, envelope.due_at, Duration::ZERO)
+            else {
+                return Err(PersistError::Shutdown(unshare(envelope)));
             };
-            // Redis may hold a version of this id: the one this replaces, or an earlier one
-            // whose removal is still in the journal.
-            let stored = matches!(state.journal.ops.get(&*id), Some(Change::Remove));
             // WriteThrough hands the envelope back if the engine stops before Redis confirms it.
             let kept =
                 (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
+            let State { index, journal, .. } = &mut *state;
+            // Redis may hold a version of this id: the one this replaces, or an earlier one
+            // whose removal is still in the journal. One lookup records the upsert and reads
+            // what it replaces.
+            let stored = matches!(
+                journal.record(id.clone(), Change::Upsert),
+                Some(Change::Remove)
+            );
             let entry = Entry {
                 envelope,
                 timer: Some(timer),
                 persisted: stored,
             };
-            if let Some(old) = state.index.insert(id.clone(), entry) {
-                if let Some(t) = old.timer {
-                    self.timer.cancel(t);
+            match index.entry(id) {
+                MapEntry::Vacant(slot) => {
+                    slot.insert(entry);
                 }
-                if old.persisted {
-                    if let Some(entry) = state.index.get_mut(&*id) {
-                        entry.persisted = true;
+                MapEntry::Occupied(mut slot) => {
+                    let old = std::mem::replace(slot.get_mut(), entry);
+                    if let Some(t) = old.timer {
+                        self.timer.cancel(t);
                     }
+                    slot.get_mut().persisted |= old.persisted;
                 }
             }
-            state.journal.record(id, Change::Upsert);
-            (state.journal.flushed, kept)
+            (journal.flushed, kept)
         };
         if let Some(envelope) = kept {
             // The round in progress may have taken its changes before this one: wait for the
@@ -473,6 +472,17 @@ impl<S: TaskStore> Persistent<S> {
             }
         }
         Ok(())
+    }
+
+    /// Arms the timer of task `id` for wall time `due_at` plus `extra`, read against `anchor`.
+    /// `None` once the timer has shut down.
+    fn arm(&self, id: Arc<str>, anchor: &Anchor, due_at: u64, extra: Duration) -> Option<TimerId> {
+        match anchor.instant_of(due_at, extra) {
+            Some(at) => self.timer.schedule_at(id, at),
+            // Past what an `Instant` holds: as far as the timer reaches.
+            None => self.timer.schedule(id, Duration::MAX),
+        }
+        .ok()
     }
 
     /// Blocks (policy `Block`) or refuses (policy `Error`) while the journal is at its bound.
@@ -521,24 +531,15 @@ impl<S: TaskStore> Persistent<S> {
             return false; // the flusher's final round may be done: it would not be written
         }
         let State { index, journal, .. } = &mut *state;
-        let Some(entry) = index.get(id) else {
+        let Some((id, entry)) = index.remove_entry(id) else {
             return false;
         };
         let Some(timer) = entry.timer else {
-            return false; // fired, waiting for ack
-        };
-        self.timer.cancel(timer);
-        let persisted = entry.persisted;
-        let Some((id, _)) = index.remove_entry(id) else {
+            index.insert(id, entry); // fired, waiting for ack: not this call's to remove
             return false;
         };
-        let unsent = matches!(journal.ops.get(&*id), Some(Change::Upsert));
-        if unsent && !persisted {
-            // Scheduled and cancelled within one flush window: Redis never hears of it.
-            journal.ops.remove(&*id);
-        } else {
-            journal.record(id, Change::Remove);
-        }
+        self.timer.cancel(timer);
+        journal.remove(id, entry.persisted);
         true
     }
 
@@ -638,7 +639,8 @@ impl<S: TaskStore> Persistent<S> {
                 .map_err(PersistError::Store)?;
                 report.dead_lettered += page.broken.len();
             }
-            let now = self.inner.cfg.clock.now_ms();
+            let anchor = self.inner.cfg.clock.anchor();
+            let now = anchor.wall_ms();
             let mut state = self.inner.state.lock();
             let State { index, journal, .. } = &mut *state;
             for envelope in page.tasks {
@@ -651,8 +653,8 @@ impl<S: TaskStore> Persistent<S> {
                 if journal.ops.contains_key(envelope.id.as_str()) {
                     continue; // cancelled or acknowledged since: its removal is on its way
                 }
-                let delay = if envelope.due_at > now {
-                    Duration::from_millis(envelope.due_at - now)
+                let extra = if envelope.due_at > now {
+                    Duration::ZERO
                 } else {
                     overdue += 1;
                     match self.inner.cfg.overdue {
@@ -663,9 +665,9 @@ impl<S: TaskStore> Persistent<S> {
                     }
                 };
                 let id: Arc<str> = Arc::from(envelope.id.as_str());
-                let timer = match self.timer.schedule(id.clone(), delay) {
-                    Ok(t) => t,
-                    Err(_) => return Err(PersistError::Shutdown(Box::new(envelope))),
+                let due = envelope.due_at.max(now);
+                let Some(timer) = self.arm(id.clone(), &anchor, due, extra) else {
+                    return Err(PersistError::Shutdown(Box::new(envelope)));
                 };
                 index.insert(
                     id,

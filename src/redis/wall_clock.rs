@@ -3,7 +3,7 @@
 //! that restarts can be checked to the tick without sleeping.
 
 use std::fmt;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::ManualClock;
 
@@ -63,11 +63,97 @@ impl WallClock {
         }
     }
 
+    /// Reads the wall clock and the timer's clock together, so that due times can be turned
+    /// into timer deadlines later without reading either clock again.
+    pub(crate) fn anchor(&self) -> Anchor {
+        let mono = match &self.0 {
+            Source::System => Instant::now(),
+            Source::Manual { clock, .. } => clock.now(),
+        };
+        Anchor {
+            mono,
+            wall_ms: self.now_ms(),
+        }
+    }
+
     /// The manual clock behind it, if any.
     pub(crate) fn manual_clock(&self) -> Option<&ManualClock> {
         match &self.0 {
             Source::System => None,
             Source::Manual { clock, .. } => Some(clock),
         }
+    }
+}
+
+/// A wall time and the timer's `Instant` read together. The wall time is floored to the ms,
+/// so a deadline derived from it is never early. It goes stale only if someone steps the wall
+/// clock (the two clocks run at the same rate otherwise: NTP slews both), which is why its
+/// owner reads a fresh one every flush round.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Anchor {
+    mono: Instant,
+    wall_ms: u64,
+}
+
+impl Anchor {
+    /// The wall time it was read at, in ms since the Unix epoch.
+    pub(crate) fn wall_ms(&self) -> u64 {
+        self.wall_ms
+    }
+
+    /// The timer `Instant` at which the wall clock reads `due_ms` (plus `extra`); `None` only
+    /// past what an `Instant` can hold. A due time in the past gives an instant in the past
+    /// (or the anchor itself), which a timer fires at once.
+    pub(crate) fn instant_of(&self, due_ms: u64, extra: Duration) -> Option<Instant> {
+        let at = if due_ms >= self.wall_ms {
+            self.mono
+                .checked_add(Duration::from_millis(due_ms - self.wall_ms))?
+        } else {
+            self.mono
+                .checked_sub(Duration::from_millis(self.wall_ms - due_ms))
+                .unwrap_or(self.mono)
+        };
+        at.checked_add(extra)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchor_maps_due_times_onto_the_timer_clock() {
+        let clock = ManualClock::new();
+        let wall = WallClock::manual(&clock, 1_000_000);
+        clock.advance(Duration::from_millis(250));
+        let anchor = wall.anchor();
+        assert_eq!(anchor.wall_ms(), 1_000_250);
+        let base = clock.now();
+        assert_eq!(
+            anchor.instant_of(1_000_300, Duration::ZERO),
+            Some(base + Duration::from_millis(50))
+        );
+        assert_eq!(
+            anchor.instant_of(1_000_300, Duration::from_millis(7)),
+            Some(base + Duration::from_millis(57))
+        );
+        // In the past: at or before the anchor, never after it.
+        assert!(anchor.instant_of(0, Duration::ZERO).unwrap() <= base);
+        assert_eq!(
+            anchor.instant_of(1_000_200, Duration::ZERO),
+            base.checked_sub(Duration::from_millis(50)).or(Some(base))
+        );
+    }
+
+    #[test]
+    fn system_anchor_is_never_early() {
+        let anchor = WallClock::system().anchor();
+        let due = anchor.wall_ms() + 20;
+        let at = anchor.instant_of(due, Duration::ZERO).unwrap();
+        while Instant::now() < at {
+            std::hint::spin_loop();
+        }
+        // The wall clock has reached the due time by the instant it maps to.
+        assert!(WallClock::system().now_ms() >= due);
     }
 }
