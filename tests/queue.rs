@@ -127,6 +127,11 @@ fn a_stalled_consumers_late_ack_is_refused_by_the_fencing_token() {
         cfg.reaper_interval = Duration::from_millis(50);
         cfg.reconcile = Duration::from_millis(100);
     });
+    // A stalled consumer sends nothing, renewals included.
+    let stalled = QueueConfig {
+        renew_leases: false,
+        ..cfg.clone()
+    };
     let started = Arc::new(Mutex::new(0u32));
     let slow = {
         let started = started.clone();
@@ -136,7 +141,7 @@ fn a_stalled_consumers_late_ack_is_refused_by_the_fencing_token() {
             Ok(())
         })
     };
-    let a = Consumer::start(cfg.clone(), slow).unwrap();
+    let a = Consumer::start(stalled, slow).unwrap();
     enqueue_all(&rt, &p, "pay", vec![("p1".into(), now_ms())]);
     wait_until("A's handler to start", || *started.lock() == 1);
     let fired: Fired = Arc::default();
@@ -521,6 +526,60 @@ fn exponential_backoff_doubles_within_its_jitter_and_caps() {
             unit: Duration::from_secs(1)
         }
     );
+}
+
+/// A live consumer keeps what it works on: a handler that runs for several leases, and a task
+/// waiting behind it for the one handler thread, each run once, here, and no reaper takes them.
+#[test]
+fn leases_of_running_and_waiting_tasks_are_renewed() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("renew", |cfg| {
+        cfg.lease = Duration::from_millis(300);
+        cfg.reaper_interval = Duration::from_millis(50);
+        cfg.reconcile = Duration::from_millis(100);
+        cfg.handler_threads = 1;
+    });
+    let runs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let slow = |runs: &Arc<Mutex<Vec<String>>>| {
+        let runs = runs.clone();
+        Handlers::new().on("job", move |t| {
+            runs.lock().push(t.id.clone());
+            std::thread::sleep(Duration::from_millis(1_000)); // over three leases
+            Ok(())
+        })
+    };
+    let due = now_ms();
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        vec![("first".into(), due), ("second".into(), due)],
+    );
+    // A claims both at once; one runs, the other waits for the handler thread.
+    let a = Consumer::start(cfg.clone(), slow(&runs)).unwrap();
+    wait_until("A's first handler", || !runs.lock().is_empty());
+    assert_eq!(a.stats().claimed, 2);
+    // A second consumer, with nothing to claim, whose reaper takes any lease that runs out.
+    let b = Consumer::start(cfg.clone(), slow(&runs)).unwrap();
+    wait_until("both acks", || {
+        a.stats().acked + b.stats().acked == 2 && runs.lock().len() >= 2
+    });
+    std::thread::sleep(Duration::from_millis(400)); // a lease more for a duplicate to show
+    let mut ran = runs.lock().clone();
+    ran.sort();
+    assert_eq!(ran, ["first", "second"], "a task ran twice or not at all");
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sa.recovered + sb.recovered, 0, "a lease ran out");
+    assert_eq!(sa.refused + sb.refused, 0);
+    assert!(sa.renewed + sb.renewed >= 2, "{sa:?} {sb:?}");
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0));
+    a.shutdown(Duration::from_secs(5)).unwrap();
+    b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
 #[test]

@@ -91,6 +91,8 @@ pub struct QueueStats {
     pub recovered: u64,
     /// Claimed tasks handed back at shutdown.
     pub given_back: u64,
+    /// Leases extended because their task was still being worked on.
+    pub renewed: u64,
     /// Redis commands sent (scripts count one each, pipelines one per command).
     pub commands: u64,
     /// Handler start − due time, in µs: median, 99th percentile and maximum.
@@ -144,6 +146,7 @@ struct Counters {
     dead_lettered: AtomicU64,
     recovered: AtomicU64,
     given_back: AtomicU64,
+    renewed: AtomicU64,
 }
 
 struct Shared {
@@ -154,6 +157,8 @@ struct Shared {
     conn: Conn,
     handlers: Handlers,
     held: Mutex<HashMap<(u32, String), Held>>,
+    /// Fired tasks whose outcome is not written yet, by owner: their leases are renewed.
+    working: Mutex<HashMap<(u32, String), Arc<str>>>,
     /// To the resolver; bounded, so handlers wait (rather than memory grow) while Redis is
     /// slow to take their acks.
     outcomes: mpsc::Sender<Outcome>,
@@ -233,6 +238,7 @@ impl Consumer {
             conn,
             handlers,
             held: Mutex::new(HashMap::new()),
+            working: Mutex::new(HashMap::new()),
             outcomes: out_tx,
             wake_at: AtomicU64::new(u64::MAX),
             wake: tokio::sync::Notify::new(),
@@ -297,6 +303,7 @@ impl Consumer {
             dead_lettered: c.dead_lettered.load(Relaxed),
             recovered: c.recovered.load(Relaxed),
             given_back: c.given_back.load(Relaxed),
+            renewed: c.renewed.load(Relaxed),
             commands: self.shared.conn.commands.load(Relaxed),
             lateness_p50_us: h.value_at_quantile(0.5),
             lateness_p99_us: h.value_at_quantile(0.99),
@@ -468,6 +475,8 @@ fn fire(shared: &Shared, c: Claimed) {
             }
             _ => return, // handed back at shutdown, or superseded by a newer claim
         }
+        // Its lease is renewed until its outcome is written.
+        shared.working.lock().insert(key, c.owner.clone());
     }
     let late_us = now_us().saturating_sub(c.envelope.due_at.saturating_mul(1_000));
     let _ = shared.lateness.lock().record(late_us.max(1));
@@ -775,12 +784,21 @@ async fn resolve(
     let mut pending = 0usize;
     let mut finishing = false;
     let mut tick = tokio::time::interval(shared.cfg.ack_interval.max(Duration::from_millis(1)));
+    let mut renew_tick =
+        tokio::time::interval((shared.cfg.lease / 3).max(Duration::from_millis(1)));
+    renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let mut incoming = Vec::new();
         let mut flush_now = finishing;
         tokio::select! {
             Some(o) = outcomes.recv() => incoming.push(o),
             _ = tick.tick() => flush_now = true,
+            // Here, where outcomes are written, and until the last one is: a handler still
+            // running at shutdown keeps its lease until it is done.
+            _ = renew_tick.tick(), if shared.cfg.renew_leases => {
+                renew(&shared).await;
+                continue;
+            }
             _ = &mut finish, if !finishing => {
                 flush_now = true;
                 finishing = true;
@@ -816,7 +834,8 @@ async fn resolve(
             }
             match shared.conn.run::<Vec<u8>>(&inv).await {
                 Ok(results) => {
-                    for ((id, _), ok) in batch.iter().zip(&results) {
+                    for ((id, owner), ok) in batch.iter().zip(&results) {
+                        settled(&shared, *shard, id, owner);
                         if *ok == 1 {
                             shared.counters.acked.fetch_add(1, Relaxed);
                         } else {
@@ -884,21 +903,82 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
         }
         Outcome::Ack { .. } => return,
     };
-    // A few tries: these are rare, and the lease covers a failure (the task then fires again).
+    // A few tries: these are rare, and the lease covers a failure (the task then fires again,
+    // elsewhere: it is no longer renewed).
     for attempt in 0..5u32 {
         match shared.conn.run::<i64>(&inv).await {
             Ok(1) => {
                 ok_counter.fetch_add(1, Relaxed);
-                return;
+                break;
             }
             Ok(_) => {
                 shared.counters.refused.fetch_add(1, Relaxed);
                 tracing::warn!(%id, "refused: the lease was taken over");
-                return;
+                break;
             }
             Err(e) => {
                 tracing::debug!(error = %e, %id, "writing a retry or dead-letter failed");
                 tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+        }
+    }
+    if let Outcome::Retry {
+        shard, id, owner, ..
+    }
+    | Outcome::Dead {
+        shard, id, owner, ..
+    } = &o
+    {
+        settled(shared, *shard, id, owner);
+    }
+}
+
+/// The outcome of task `id` under `owner` is written (or given up on): its lease is no longer
+/// renewed. A newer claim of the same id keeps its entry.
+fn settled(shared: &Shared, shard: u32, id: &str, owner: &Arc<str>) {
+    let mut working = shared.working.lock();
+    let key = (shard, id.to_string());
+    if working.get(&key) == Some(owner) {
+        working.remove(&key);
+    }
+}
+
+/// Extends the leases of the tasks this consumer is working on: fired ones whose outcome is
+/// not written yet, and claimed ones already due (waiting for a handler thread). Their
+/// leases then run until a full `lease` from now.
+async fn renew(shared: &Shared) {
+    let now = now_ms();
+    let mut by_shard: HashMap<u32, Vec<(String, Arc<str>)>> = HashMap::new();
+    for ((shard, id), owner) in shared.working.lock().iter() {
+        by_shard
+            .entry(*shard)
+            .or_default()
+            .push((id.clone(), owner.clone()));
+    }
+    for ((shard, id), (_, owner, due)) in shared.held.lock().iter() {
+        if *due <= now {
+            by_shard
+                .entry(*shard)
+                .or_default()
+                .push((id.clone(), owner.clone()));
+        }
+    }
+    let until = now.saturating_add(shared.cfg.lease.as_millis() as u64);
+    for (shard, tasks) in by_shard {
+        let keys = &shared.shards[shard as usize];
+        for chunk in tasks.chunks(500) {
+            let mut inv = scripts::RENEW.prepare_invoke();
+            inv.key(keys.lease()).key(keys.owner()).arg(until);
+            for (id, owner) in chunk {
+                inv.arg(id.as_str()).arg(&**owner);
+            }
+            match shared.conn.run::<u64>(&inv).await {
+                Ok(n) => {
+                    shared.counters.renewed.fetch_add(n, Relaxed);
+                    metrics::counter!("delaywheel_queue_leases_renewed_total").increment(n);
+                }
+                // The next round tries again; until then the leases run as they were.
+                Err(e) => tracing::debug!(error = %e, "renewing leases failed"),
             }
         }
     }

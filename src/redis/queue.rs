@@ -104,6 +104,13 @@ pub struct QueueConfig {
     /// A claimed task's lease runs until `max(due, now) + lease` (default 30 s); past that the
     /// reaper hands it to another consumer.
     pub lease: Duration,
+    /// Whether a consumer extends, every `lease / 3`, the leases of the tasks it is working
+    /// on: due ones waiting for a handler thread, and those whose handler runs or whose
+    /// outcome is not written yet (default true). A slow handler or a backlog then keeps its
+    /// tasks for as long as this consumer lives and answers; a consumer that crashes or
+    /// stalls stops renewing, and its tasks fire elsewhere after the lease. Off, a task whose
+    /// handler has not finished by the end of its lease runs again elsewhere.
+    pub renew_leases: bool,
     /// Acknowledgements are sent in batches at least this often (default 20 ms).
     pub ack_interval: Duration,
     /// How often each consumer reaps expired leases and samples the queue depth (default 1 s).
@@ -136,6 +143,7 @@ impl QueueConfig {
             batch: 500,
             max_held: 100_000,
             lease: Duration::from_secs(30),
+            renew_leases: true,
             ack_interval: Duration::from_millis(20),
             reaper_interval: Duration::from_secs(1),
             retry: RetryPolicy::default(),

@@ -75,6 +75,27 @@ return out
     )
 });
 
+/// KEYS: lease, owner. ARGV: until (ms), then id1, owner1, id2, owner2, ... Extends to
+/// `until` the lease of each task whose owner still matches (never shortens one). Returns how
+/// many it extended.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local to, n = tonumber(ARGV[1]), 0
+for i = 2, #ARGV, 2 do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+    local lease = redis.call('ZSCORE', KEYS[1], ARGV[i])
+    if lease and tonumber(lease) < to then
+      redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i])
+      n = n + 1
+    end
+  end
+end
+return n
+",
+    )
+});
+
 /// KEYS: lease, owner, tasks. ARGV: id1, owner1, id2, owner2, ... Removes each task whose
 /// owner still matches; returns 1 or 0 per task (0: refused, the lease was taken over).
 pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
