@@ -4,7 +4,9 @@
 //! * schedule + cancel through a `WriteBehind` [`Persistent`] engine vs the in-memory
 //!   `Timer<String>` (target ≤ 2×), same ids, same run;
 //! * flusher throughput: task upserts, and removals, per second written to Redis (target
-//!   ≥ 300k/s);
+//!   ≥ 300k/s), beside Redis's own ceiling for the same writes (the same command stream down a
+//!   raw socket, no client library, best of two), the Redis server's CPU meanwhile, and the
+//!   longest `schedule` call a producer sees meanwhile;
 //! * restore of N pending tasks with 100-byte payloads into a new engine (target ≤ 5 s at 1M);
 //! * Redis memory per persisted task (`INFO memory`, used_memory growth / N).
 //!
@@ -50,6 +52,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// CPU seconds the Redis server has used (`INFO cpu`: user + system, all its threads).
+fn redis_cpu_s(url: &str) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query(&mut redis_conn(url))
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
 fn redis_conn(url: &str) -> redis::Connection {
     redis::Client::open(url)
         .and_then(|c| c.get_connection())
@@ -66,6 +83,98 @@ fn used_memory(url: &str) -> i64 {
         .and_then(|v| v.trim().parse().ok())
         .expect("used_memory in INFO")
 }
+
+/// One command in RESP.
+fn resp(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Tasks per second Redis takes when the flusher's writes for `ids` come as one stream of
+/// MULTI/ZADD/HSET/EXEC batches, built before the clock starts and written down a raw socket
+/// (no client library), then read back to a final marker. `None` for URLs other than
+/// `redis+unix://PATH` and `redis://HOST:PORT` (no credentials).
+fn raw_stream_ops_per_s(
+    url: &str,
+    ids: &[String],
+    payload: &serde_json::Value,
+    far: u64,
+) -> Option<f64> {
+    use std::io::{Read, Write};
+    let ns = "{persist_report_ceiling}";
+    let (due_key, tasks_key) = (format!("{ns}:due"), format!("{ns}:tasks"));
+    let mut stream = Vec::new();
+    for (b, chunk) in ids.chunks(1_000).enumerate() {
+        let mut zadd: Vec<Vec<u8>> = vec![b"ZADD".to_vec(), due_key.clone().into_bytes()];
+        let mut hset: Vec<Vec<u8>> = vec![b"HSET".to_vec(), tasks_key.clone().into_bytes()];
+        for (j, id) in chunk.iter().enumerate() {
+            let due_at = far + (b * 1_000 + j) as u64;
+            let envelope = delaywheel::redis::Envelope {
+                id: id.clone(),
+                topic: "order.close".into(),
+                payload: payload.clone(),
+                attempt: 0,
+                created_at: now_ms(),
+                due_at,
+            };
+            zadd.push(due_at.to_string().into_bytes());
+            zadd.push(id.clone().into_bytes());
+            hset.push(id.clone().into_bytes());
+            hset.push(envelope.encode(usize::MAX).expect("encode"));
+        }
+        resp(&mut stream, &[b"MULTI"]);
+        resp(
+            &mut stream,
+            &zadd.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        );
+        resp(
+            &mut stream,
+            &hset.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        );
+        resp(&mut stream, &[b"EXEC"]);
+    }
+    let marker = b"persist-report-ceiling-done";
+    resp(&mut stream, &[b"ECHO", marker]);
+    let mut conn: Box<dyn ReadWrite> = if let Some(path) = url.strip_prefix("redis+unix://") {
+        Box::new(std::os::unix::net::UnixStream::connect(path).ok()?)
+    } else {
+        let addr = url.strip_prefix("redis://")?.trim_end_matches('/');
+        if addr.contains('@') || addr.contains('/') {
+            return None;
+        }
+        Box::new(std::net::TcpStream::connect(addr).ok()?)
+    };
+    let t = Instant::now();
+    conn.write_all(&stream).ok()?;
+    // Replies are a few bytes per batch: they wait in the socket until the writing is done.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 64 * 1024];
+    while !seen.windows(marker.len()).any(|w| w == marker) {
+        let n = conn.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let elapsed = t.elapsed();
+    assert!(
+        !seen.windows(4).any(|w| w == b"-ERR"),
+        "Redis refused part of the ceiling stream"
+    );
+    redis::cmd("DEL")
+        .arg(&due_key)
+        .arg(&tasks_key)
+        .query::<()>(&mut redis_conn(url))
+        .expect("DEL");
+    Some(ids.len() as f64 / elapsed.as_secs_f64())
+}
+
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
 
 fn main() {
     let mut args = Args::parse();
@@ -126,12 +235,52 @@ fn main() {
             .schedule(id.clone(), "order.close", payload.clone(), far + i as u64)
             .expect("schedule");
     }
-    let t = Instant::now();
-    assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
-    let flush = t.elapsed();
+    // A producer keeps scheduling during the flush: its longest wait for the engine's lock.
+    let flushing = std::sync::atomic::AtomicBool::new(true);
+    let redis_cpu_before = redis_cpu_s(&url);
+    let (flush, producer_max_wait) = std::thread::scope(|s| {
+        let producer = s.spawn(|| {
+            let mut longest = Duration::ZERO;
+            for i in 0u64.. {
+                if !flushing.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Not part of the later figures.
+                    for j in 0..i {
+                        persist.cancel(&format!("probe:{j}"));
+                    }
+                    break;
+                }
+                let t = Instant::now();
+                persist
+                    .schedule(
+                        format!("probe:{i}"),
+                        "order.close",
+                        serde_json::Value::Null,
+                        far,
+                    )
+                    .expect("schedule");
+                longest = longest.max(t.elapsed());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            longest
+        });
+        let t = Instant::now();
+        assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
+        let flush = t.elapsed();
+        flushing.store(false, std::sync::atomic::Ordering::Relaxed);
+        (flush, producer.join().expect("producer"))
+    });
+    assert!(persist.flush(Duration::from_secs(60)), "flush timed out");
     let flush_ops_per_s = args.tasks as f64 / flush.as_secs_f64();
+    let redis_busy = (redis_cpu_s(&url) - redis_cpu_before) / flush.as_secs_f64();
     drop(persist);
     let bytes_per_task = (used_memory(&url) - mem_before) as f64 / args.tasks as f64;
+
+    // 2b. Redis's own ceiling for that load, in the same run: the same MULTI/ZADD/HSET/EXEC
+    // stream (batches of 1 000, the same envelopes), written as fast as a socket takes it.
+    // Best of two: a ceiling.
+    let ceiling_ops_per_s = (0..2)
+        .filter_map(|_| raw_stream_ops_per_s(&url, &ids[..args.tasks], &payload, far))
+        .reduce(f64::max);
 
     // 3. restore into a new engine.
     let (persist, _fired) =
@@ -181,6 +330,27 @@ fn main() {
         "{:<44} {:>9.0}/s {:>12}",
         "flusher upserts", flush_ops_per_s, "≥ 300000/s"
     );
+    if let Some(c) = ceiling_ops_per_s {
+        println!(
+            "{:<44} {:>9.0}/s {:>12} {:>7.2}×",
+            "  Redis ceiling: same writes, raw socket",
+            c,
+            "",
+            flush_ops_per_s / c
+        );
+    }
+    println!(
+        "{:<44} {:>9.0} % {:>12}",
+        "  Redis CPU during that flush (of one core)",
+        redis_busy * 100.0,
+        ""
+    );
+    println!(
+        "{:<44} {:>9.2} ms {:>12}",
+        "  longest schedule() during that flush",
+        producer_max_wait.as_secs_f64() * 1e3,
+        ""
+    );
     println!(
         "{:<44} {:>9.0}/s {:>12}",
         "flusher removals (cancel of a persisted task)", remove_ops_per_s, ""
@@ -211,6 +381,9 @@ fn main() {
                 "schedule_cancel_ratio": persist_ns / mem_ns,
                 "flush_ops_per_s": flush_ops_per_s,
                 "flush_remove_ops_per_s": remove_ops_per_s,
+                "redis_ceiling_ops_per_s": ceiling_ops_per_s,
+                "schedule_max_wait_during_flush_ms": producer_max_wait.as_secs_f64() * 1e3,
+                "redis_cpu_during_flush": redis_busy,
                 "restore_s": restore.as_secs_f64(),
                 "restore_s_per_million": restore_s_per_million,
                 "redis_bytes_per_task": bytes_per_task,

@@ -17,28 +17,24 @@ use super::store::{Op, StoreError};
 use super::task_store::TaskStore;
 
 /// A journaled change to one id, turned into a store [`Op`] by the flusher.
+#[derive(Clone, Copy)]
 pub(super) enum Change {
-    /// Write the task's envelope, as the index holds it when the flusher takes the round: the
-    /// caller shares nothing with the journal but the id. Encoded by the flusher, off the
-    /// caller's path, and never if a later change replaces it first. A failed write comes
-    /// back as this too, and then writes the newest version.
-    Upsert,
+    /// Write the task's envelope, as the index holds it when the flusher gets to this change:
+    /// the caller shares nothing with the journal but the id, and the due time the round is
+    /// sorted by. Encoded by the flusher, off the caller's path, and never if a later change
+    /// replaces it first. A failed write comes back as this too, and then writes the newest
+    /// version.
+    Upsert(u64),
     /// Remove the task (cancelled, or fired and acknowledged).
     Remove,
 }
 
-/// A change as a round takes it, an upsert with the envelope it writes.
-enum Pending {
-    Write(Arc<Envelope>),
-    Remove,
-}
-
-impl Pending {
+impl Change {
     /// The due time it writes; removals sort after every write.
     fn due_at(&self) -> u64 {
         match self {
-            Pending::Write(envelope) => envelope.due_at,
-            Pending::Remove => u64::MAX,
+            Change::Upsert(due_at) => *due_at,
+            Change::Remove => u64::MAX,
         }
     }
 }
@@ -77,7 +73,7 @@ impl Journal {
     /// window, it costs no Redis command at all.
     pub(super) fn remove(&mut self, id: Arc<str>, persisted: bool) {
         match self.ops.entry(id) {
-            MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert) => {
+            MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert(_)) => {
                 slot.remove();
             }
             MapEntry::Occupied(mut slot) => *slot.get_mut() = Change::Remove,
@@ -91,12 +87,32 @@ impl Journal {
     }
 }
 
-/// The store operation of a journaled change.
-fn into_op((id, pending): (Arc<str>, Pending)) -> Option<Op> {
-    match pending {
-        Pending::Write(envelope) => upsert_op(&envelope),
-        Pending::Remove => Some(Op::Remove(id.to_string())),
-    }
+/// The store operations of a stretch of a round's changes. The index is read under the lock
+/// for this stretch only, so producers wait at most that long, and the stretches after it are
+/// read only once the ones before are on their way. A change to an id made meanwhile is in
+/// the journal for the next round; an upsert whose task is gone since is skipped (its cancel
+/// or ack journaled the removal).
+fn resolve(inner: &Inner, changes: &[(Arc<str>, Change)]) -> Vec<Op> {
+    let writes: Vec<Result<Arc<Envelope>, &Arc<str>>> = {
+        let mut state = inner.state.lock();
+        changes
+            .iter()
+            .filter_map(|(id, change)| match change {
+                Change::Upsert(_) => state.index.get_mut(id).map(|entry| {
+                    entry.persisted = true;
+                    Ok(entry.envelope.clone())
+                }),
+                Change::Remove => Some(Err(id)),
+            })
+            .collect()
+    };
+    writes
+        .into_iter()
+        .filter_map(|w| match w {
+            Ok(envelope) => upsert_op(&envelope),
+            Err(id) => Some(Op::Remove(id.to_string())),
+        })
+        .collect()
 }
 
 /// The store operation that writes `envelope`. Its size and fields were checked when it was
@@ -118,7 +134,7 @@ fn upsert_op(envelope: &Envelope) -> Option<Op> {
 /// What one flusher round writes.
 enum Round {
     /// The journaled changes, and when the oldest of them was made.
-    Journal(Vec<(Arc<str>, Pending)>, Option<Instant>),
+    Journal(Ids<Change>, Option<Instant>),
     /// The whole pending set (a snapshot), which subsumes the journal.
     Snapshot(Vec<Arc<Envelope>>),
 }
@@ -151,26 +167,8 @@ fn take_round(inner: &Inner) -> Round {
             .collect();
         return Round::Snapshot(all);
     }
-    let round = std::mem::take(&mut journal.ops)
-        .into_iter()
-        .filter_map(|(id, change)| {
-            let entry = index.get_mut(&id);
-            let pending = match (change, entry) {
-                (Change::Upsert, Some(entry)) => {
-                    entry.persisted = true;
-                    Pending::Write(entry.envelope.clone())
-                }
-                (Change::Upsert, None) => {
-                    // Cancel and ack replace a task's upsert before it leaves the index.
-                    debug_assert!(false, "an upsert of a task that is not held");
-                    return None;
-                }
-                (Change::Remove, _) => Pending::Remove,
-            };
-            Some((id, pending))
-        })
-        .collect();
-    Round::Journal(round, journal.oldest.take())
+    // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
+    Round::Journal(std::mem::take(&mut journal.ops), journal.oldest.take())
 }
 
 /// Batches in flight at once. The multiplexed connection pipelines them, so building one batch
@@ -265,13 +263,17 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
     loop {
         let stopping = inner.stopping.load(SeqCst);
         let (result, written) = match take_round(inner) {
-            Round::Journal(mut changes, oldest) => {
-                // In due order, so each batch touches one stretch of the ZSET (removals last);
-                // each due time read once, not at every comparison.
-                changes.sort_by_cached_key(|(_, change)| change.due_at());
-                // Encoded batch by batch, outside every lock, while the batches before are in
-                // flight.
-                let ops = changes.into_iter().filter_map(into_op);
+            Round::Journal(changes, oldest) => {
+                // In due order, so each batch touches one stretch of the ZSET (removals last):
+                // Redis takes a sorted stream about a third faster. Sorted with no lock held.
+                let mut changes: Vec<(Arc<str>, Change)> = changes.into_iter().collect();
+                changes.sort_unstable_by_key(|(_, change)| change.due_at());
+                // Read from the index and encoded batch by batch, while the batches before
+                // are in flight.
+                let batch = inner.cfg.batch;
+                let ops = changes
+                    .chunks(batch)
+                    .flat_map(|stretch| resolve(inner, stretch));
                 let Written {
                     written,
                     failed,
@@ -291,18 +293,15 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                             let id: Arc<str> = Arc::from(op.id());
                             // Redis may hold what this op left half done, or the version it was
                             // to remove: a cancel of the task now held must reach Redis.
-                            let held = match index.get_mut(&id) {
-                                Some(entry) => {
-                                    entry.persisted = true;
-                                    true
-                                }
-                                None => false,
-                            };
+                            let held = index.get_mut(&id).map(|entry| {
+                                entry.persisted = true;
+                                entry.envelope.due_at
+                            });
                             if let MapEntry::Vacant(slot) = journal.ops.entry(id) {
                                 // Tried again: a write as the task's current version, or a
                                 // removal (also of a write whose task is gone since).
-                                slot.insert(match op {
-                                    Op::Upsert { .. } if held => Change::Upsert,
+                                slot.insert(match (op, held) {
+                                    (Op::Upsert { .. }, Some(due_at)) => Change::Upsert(due_at),
                                     _ => Change::Remove,
                                 });
                             }

@@ -442,7 +442,7 @@ impl<S: TaskStore> Persistent<S> {
             // whose removal is still in the journal. One lookup records the upsert and reads
             // what it replaces.
             let stored = matches!(
-                journal.record(id.clone(), Change::Upsert),
+                journal.record(id.clone(), Change::Upsert(envelope.due_at)),
                 Some(Change::Remove)
             );
             let entry = Entry {
