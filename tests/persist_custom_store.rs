@@ -26,6 +26,9 @@ struct MemStore {
     calls: Arc<AtomicUsize>,
     /// `rows` panics after its first page (a broken store's reader).
     rows_panic: Arc<AtomicBool>,
+    /// `apply` waits while it is set (a slow store), counting the calls that wait.
+    paused: Arc<AtomicBool>,
+    waiting: Arc<AtomicUsize>,
 }
 
 impl MemStore {
@@ -44,6 +47,12 @@ impl MemStore {
 
 impl TaskStore for MemStore {
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        if self.paused.load(SeqCst) {
+            self.waiting.fetch_add(1, SeqCst);
+            while self.paused.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let result = self.check().map(|()| {
             let mut rows = self.table.lock();
             for op in ops {
@@ -197,6 +206,56 @@ fn a_task_scheduled_again_is_stored_with_its_last_envelope() {
         assert_eq!(stored(id), (serde_json::json!(2), far + 1), "{id}");
     }
     assert_eq!(store.ids().len(), 3);
+    p.shutdown();
+}
+
+/// A round that fails part way: the changes it never got to go back into the journal as they
+/// were, and so do the removals it was to make of tasks scheduled again meanwhile. Those tasks
+/// count as stored, so cancelling them later still removes the old versions from the store.
+#[test]
+fn a_failed_round_returns_what_it_did_not_send_and_later_cancels_reach_the_store() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.batch = 10;
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let far = now_ms() + 3_600_000;
+    let ids: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
+    for id in &ids {
+        p.schedule(id.as_str(), "t", serde_json::json!(1), far)
+            .unwrap();
+    }
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids().len(), 200);
+    for id in &ids {
+        assert!(p.cancel(id));
+    }
+    // The next round takes the 200 removals (20 batches) and gets stuck in its first write.
+    store.paused.store(true, SeqCst);
+    store.down.store(true, SeqCst);
+    assert!(!p.flush(Duration::from_millis(20)));
+    let start = std::time::Instant::now();
+    while store.waiting.load(SeqCst) == 0 {
+        assert!(start.elapsed() < PATIENCE, "no write started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Meanwhile every task is scheduled again: the journal the round took still holds the
+    // removals of the stored versions.
+    for id in &ids {
+        p.schedule(id.as_str(), "t", serde_json::json!(2), far)
+            .unwrap();
+    }
+    store.paused.store(false, SeqCst);
+    assert!(!p.flush(Duration::from_millis(300)));
+    for id in &ids {
+        assert!(p.cancel(id));
+    }
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(
+        store.ids(),
+        HashSet::new(),
+        "cancelled tasks left in the store"
+    );
     p.shutdown();
 }
 

@@ -179,9 +179,11 @@ const IN_FLIGHT: usize = 4;
 /// What [`write_batches`] did.
 #[derive(Default)]
 struct Written {
+    /// Batches taken from the iterator; the ones after were neither built nor sent.
+    taken: usize,
     /// Operations Redis took.
     written: usize,
-    /// Operations not written (from the first failure on), to be journaled again.
+    /// Operations built but not written (from the first failure on), to be journaled again.
     failed: Vec<Op>,
     /// The first failure.
     error: Option<StoreError>,
@@ -213,31 +215,30 @@ impl Written {
     }
 }
 
-/// Writes `ops` in batches of `batch`, up to [`IN_FLIGHT`] at a time; the next batch is
-/// taken from `ops` (and so encoded) while those are in flight. After a failure the rest is
-/// not sent.
+/// Writes `batches`, up to [`IN_FLIGHT`] at a time; the next batch is taken from the iterator
+/// (and so built) while those are in flight. At the first failure it stops taking batches: a
+/// store that is down costs one batch per round, however long the journal.
 fn write_batches<S: TaskStore>(
     store: &S,
     rt: &tokio::runtime::Runtime,
-    mut ops: impl Iterator<Item = Op>,
-    batch: usize,
+    batches: impl Iterator<Item = Vec<Op>>,
 ) -> Written {
     rt.block_on(async {
         let mut in_flight = tokio::task::JoinSet::new();
         let mut done = Written::default();
-        loop {
-            let chunk: Vec<Op> = ops.by_ref().take(batch).collect();
-            if chunk.is_empty() {
-                break;
-            }
-            if done.error.is_some() {
-                done.failed.extend(chunk);
-                continue;
-            }
+        for chunk in batches {
+            done.taken += 1;
             while in_flight.len() >= IN_FLIGHT {
                 if let Some(batch) = in_flight.join_next().await {
                     done.book(batch);
                 }
+            }
+            if done.error.is_some() {
+                done.failed.extend(chunk);
+                break;
+            }
+            if chunk.is_empty() {
+                continue;
             }
             let store = store.clone();
             in_flight.spawn(async move {
@@ -271,28 +272,42 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                 // Read from the index and encoded batch by batch, while the batches before
                 // are in flight.
                 let batch = inner.cfg.batch;
-                let ops = changes
-                    .chunks(batch)
-                    .flat_map(|stretch| resolve(inner, stretch));
                 let Written {
+                    taken,
                     written,
                     failed,
                     error,
                     lost,
-                } = write_batches(store, rt, ops, inner.cfg.batch);
+                } = write_batches(
+                    store,
+                    rt,
+                    changes.chunks(batch).map(|stretch| resolve(inner, stretch)),
+                );
+                // Never read from the index: back into the journal as they were.
+                let unsent = changes
+                    .get(taken.saturating_mul(batch)..)
+                    .unwrap_or_default();
                 metrics::counter!("delaywheel_flushed_ops_total").increment(written as u64);
                 if lost {
                     inner.state.lock().journal.snapshot_wanted = true;
-                } else if !failed.is_empty() {
+                } else if !failed.is_empty() || !unsent.is_empty() {
                     let mut state = inner.state.lock();
                     let State { index, journal, .. } = &mut *state;
                     // Changes made while this batch was out are newer: they win. After a
                     // snapshot was asked for, the snapshot covers these too.
                     if !journal.snapshot_wanted {
-                        for op in failed {
-                            let id: Arc<str> = Arc::from(op.id());
-                            // Redis may hold what this op left half done, or the version it was
-                            // to remove: a cancel of the task now held must reach Redis.
+                        // Built and failed, or never built: (id, whether it wrote the task).
+                        let again = failed
+                            .iter()
+                            .map(|op| (Arc::from(op.id()), matches!(op, Op::Upsert { .. })))
+                            .chain(unsent.iter().map(|(id, change)| {
+                                (id.clone(), matches!(change, Change::Upsert(_)))
+                            }));
+                        for (id, upsert) in again {
+                            // Redis may hold what a failed op left half done, or the version
+                            // an op was to remove (a task scheduled again since did not see
+                            // that removal in the journal): a cancel of the task now held
+                            // must reach Redis.
                             let held = index.get_mut(&id).map(|entry| {
                                 entry.persisted = true;
                                 entry.envelope.due_at
@@ -300,8 +315,8 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                             if let MapEntry::Vacant(slot) = journal.ops.entry(id) {
                                 // Tried again: a write as the task's current version, or a
                                 // removal (also of a write whose task is gone since).
-                                slot.insert(match (op, held) {
-                                    (Op::Upsert { .. }, Some(due_at)) => Change::Upsert(due_at),
+                                slot.insert(match held {
+                                    Some(due_at) if upsert => Change::Upsert(due_at),
                                     _ => Change::Remove,
                                 });
                             }
@@ -371,5 +386,62 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             }
         }
         state.journal.kicked = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::redis::{Broken, Rows};
+
+    /// A store that is down: every call fails, and `apply` calls are counted.
+    #[derive(Clone, Default)]
+    struct Down(Arc<AtomicUsize>);
+
+    impl TaskStore for Down {
+        fn apply(&self, _: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+            self.0.fetch_add(1, SeqCst);
+            async { Err(StoreError::new("down")) }
+        }
+        fn rows(&self, _: u64, _: usize) -> impl Future<Output = Result<Rows, StoreError>> + Send {
+            async { Err(StoreError::new("down")) }
+        }
+        fn dead_letter(
+            &self,
+            _: &[Broken],
+            _: u64,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send {
+            async { Err(StoreError::new("down")) }
+        }
+        fn replace_all(&self, _: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+            async { Err(StoreError::new("down")) }
+        }
+    }
+
+    /// A store that is down costs a round the batches already in flight and one more, not the
+    /// whole journal built (read from the index and encoded) for nothing.
+    #[test]
+    fn a_failing_store_stops_the_round_early() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let store = Down::default();
+        let built = AtomicUsize::new(0);
+        let batches = (0..1_000).map(|i| {
+            built.fetch_add(1, SeqCst);
+            vec![Op::Remove(format!("t{i}"))]
+        });
+        let done = write_batches(&store, &rt, batches);
+        let built = built.load(SeqCst);
+        assert!(built <= IN_FLIGHT + 1, "{built} batches built");
+        assert_eq!(done.taken, built);
+        assert_eq!(done.written, 0);
+        assert!(done.error.is_some());
+        // Every batch built comes back: sent and failed, or built after the failure.
+        assert_eq!(done.failed.len(), built);
+        assert_eq!(store.0.load(SeqCst), built - usize::from(built > IN_FLIGHT));
     }
 }
