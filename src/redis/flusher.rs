@@ -406,18 +406,14 @@ mod tests {
             self.0.fetch_add(1, SeqCst);
             async { Err(StoreError::new("down")) }
         }
-        fn rows(&self, _: u64, _: usize) -> impl Future<Output = Result<Rows, StoreError>> + Send {
-            async { Err(StoreError::new("down")) }
+        async fn rows(&self, _: u64, _: usize) -> Result<Rows, StoreError> {
+            Err(StoreError::new("down"))
         }
-        fn dead_letter(
-            &self,
-            _: &[Broken],
-            _: u64,
-        ) -> impl Future<Output = Result<(), StoreError>> + Send {
-            async { Err(StoreError::new("down")) }
+        async fn dead_letter(&self, _: &[Broken], _: u64) -> Result<(), StoreError> {
+            Err(StoreError::new("down"))
         }
-        fn replace_all(&self, _: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
-            async { Err(StoreError::new("down")) }
+        async fn replace_all(&self, _: &[Op]) -> Result<(), StoreError> {
+            Err(StoreError::new("down"))
         }
     }
 
