@@ -29,6 +29,10 @@ struct MemStore {
     /// `apply` waits while it is set (a slow store), counting the calls that wait.
     paused: Arc<AtomicBool>,
     waiting: Arc<AtomicUsize>,
+    /// Pages after the first are read, then held back while it is set (counted), and each
+    /// repeats the first stored row, as a scan may.
+    rows_paused: Arc<AtomicBool>,
+    rows_waiting: Arc<AtomicUsize>,
 }
 
 impl MemStore {
@@ -81,21 +85,34 @@ impl TaskStore for MemStore {
         if cursor > 0 && self.rows_panic.load(SeqCst) {
             panic!("the store's reader broke");
         }
+        let held_back = cursor > 0 && self.rows_paused.load(SeqCst);
         let result = self.check().map(|()| {
             let stored = self.table.lock();
             let mut page = Rows::default();
-            for (id, (due, raw)) in stored.iter().skip(cursor as usize).take(count) {
-                page.rows.push(Row {
-                    id: id.clone(),
-                    due: due.to_string(),
-                    envelope: Some(raw.clone()),
-                });
-            }
+            let row = |(id, (due, raw)): (&String, &(u64, Vec<u8>))| Row {
+                id: id.clone(),
+                due: due.to_string(),
+                envelope: Some(raw.clone()),
+            };
+            page.rows
+                .extend(stored.iter().skip(cursor as usize).take(count).map(row));
             let next = cursor as usize + page.rows.len();
             page.next = if next >= stored.len() { 0 } else { next as u64 };
+            if held_back {
+                page.rows.extend(stored.iter().take(1).map(row));
+            }
             page
         });
-        async move { result }
+        let (paused, waiting) = (self.rows_paused.clone(), self.rows_waiting.clone());
+        async move {
+            if held_back {
+                waiting.fetch_add(1, SeqCst);
+                while paused.load(SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            result
+        }
     }
 
     fn dead_letter(
@@ -256,6 +273,45 @@ fn a_failed_round_returns_what_it_did_not_send_and_later_cancels_reach_the_store
         HashSet::new(),
         "cancelled tasks left in the store"
     );
+    p.shutdown();
+}
+
+/// A task cancelled while a restore runs is not loaded again from a page read before the
+/// cancel reached the store (here a page that repeats its row, as a scan may).
+#[test]
+fn restore_does_not_bring_back_a_task_cancelled_meanwhile() {
+    let store = MemStore::default();
+    let far = now_ms() + 3_600_000;
+    {
+        let p = engine(&store);
+        for i in 0..30 {
+            p.schedule(format!("t{i:02}"), "t", serde_json::json!(i), far)
+                .unwrap();
+        }
+        p.shutdown();
+    }
+    assert_eq!(store.ids().len(), 30);
+    let p = engine(&store);
+    store.rows_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(10));
+        // The second page, read with t00 in it, is held back while t00 (from the first page)
+        // is cancelled and the removal written.
+        let start = std::time::Instant::now();
+        while store.rows_waiting.load(SeqCst) == 0 || !p.contains("t00") {
+            assert!(start.elapsed() < PATIENCE, "the restore did not get going");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(p.cancel("t00"));
+        assert!(p.flush(PATIENCE));
+        assert!(!store.ids().contains("t00"));
+        store.rows_paused.store(false, SeqCst);
+        restore.join().unwrap().unwrap();
+    });
+    assert!(!p.contains("t00"), "the cancelled task came back");
+    // (This store's cursor is a position, so the removal shifts the rows after it: only the
+    // pages read before it are sure to be whole.)
+    assert!((1..20).all(|i| p.contains(&format!("t{i:02}"))));
     p.shutdown();
 }
 

@@ -949,12 +949,8 @@ fn settled(shared: &Shared, shard: u32, id: &str, owner: &Arc<str>) {
 async fn renew(shared: &Shared) {
     let now = now_ms();
     let mut by_shard: HashMap<u32, Vec<(String, Arc<str>)>> = HashMap::new();
-    for ((shard, id), owner) in shared.working.lock().iter() {
-        by_shard
-            .entry(*shard)
-            .or_default()
-            .push((id.clone(), owner.clone()));
-    }
+    // `held` first: a task that fires meanwhile moves from `held` to `working`, so it is seen
+    // in one of them (or both: renewed twice), never in neither.
     for ((shard, id), (_, owner, due)) in shared.held.lock().iter() {
         if *due <= now {
             by_shard
@@ -962,6 +958,12 @@ async fn renew(shared: &Shared) {
                 .or_default()
                 .push((id.clone(), owner.clone()));
         }
+    }
+    for ((shard, id), owner) in shared.working.lock().iter() {
+        by_shard
+            .entry(*shard)
+            .or_default()
+            .push((id.clone(), owner.clone()));
     }
     let until = now.saturating_add(shared.cfg.lease.as_millis() as u64);
     for (shard, tasks) in by_shard {

@@ -91,7 +91,7 @@ impl Journal {
 /// for this stretch only, so producers wait at most that long, and the stretches after it are
 /// read only once the ones before are on their way. A change to an id made meanwhile is in
 /// the journal for the next round; an upsert whose task is gone since is skipped (its cancel
-/// or ack journaled the removal).
+/// or ack journaled the removal, or nothing at all for a task the store never held).
 fn resolve(inner: &Inner, changes: &[(Arc<str>, Change)]) -> Vec<Op> {
     let writes: Vec<Result<Arc<Envelope>, &Arc<str>>> = {
         let mut state = inner.state.lock();
@@ -255,9 +255,6 @@ fn write_batches<S: TaskStore>(
 
 /// The flusher: every interval, write the journal in batches (or a snapshot when one is asked
 /// for); on failure, put the changes back (newer ones win) and back off.
-/// How old the flusher lets the anchor `schedule` reads due times against grow.
-const ANCHOR_AGE: Duration = Duration::from_secs(1);
-
 pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runtime) {
     let mut backoff = inner.cfg.flush_interval;
     let mut down_since: Option<Instant> = None;
@@ -368,22 +365,8 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             break;
         }
         let mut state = inner.state.lock();
-        let until = Instant::now() + backoff;
-        while !inner.stopping.load(SeqCst) && (!state.journal.kicked || down_since.is_some()) {
-            // A long interval still re-reads the anchor every second, so a step of the wall
-            // clock reaches new deadlines within a second.
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let timed_out = inner
-                .kick
-                .wait_for(&mut state, left.min(ANCHOR_AGE))
-                .timed_out();
-            state.anchor = inner.cfg.clock.anchor();
-            if !timed_out {
-                break; // kicked, or stopping
-            }
+        if !inner.stopping.load(SeqCst) && (!state.journal.kicked || down_since.is_some()) {
+            inner.kick.wait_for(&mut state, backoff);
         }
         state.journal.kicked = false;
     }

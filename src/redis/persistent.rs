@@ -194,8 +194,8 @@ pub(super) struct Entry {
     pub(super) envelope: Arc<Envelope>,
     /// `None` once fired (waiting for `ack`).
     pub(super) timer: Option<TimerId>,
-    /// Whether Redis may hold some version of this task: set when the flusher takes an upsert
-    /// of it out of the journal. A cancel of a task that is not persisted and whose upsert is
+    /// Whether Redis may hold some version of this task: set when the flusher reads an upsert
+    /// of it from the index to write it (or a write of it failed). A cancel of a task that is not persisted and whose upsert is
     /// still in the journal just drops that upsert: no Redis command at all.
     pub(super) persisted: bool,
 }
@@ -207,16 +207,37 @@ pub(super) type Ids<V> = HashMap<Arc<str>, V, foldhash::fast::RandomState>;
 
 /// Everything the callers and the flusher share, under `Inner::state`.
 pub(super) struct State {
-    /// The wall clock and the timer's clock read together, by the flusher at every round:
-    /// `schedule` turns due times into timer deadlines with it instead of reading the clocks
-    /// again (one clock read is a fifth of its cost here).
+    /// The wall clock and the timer's clock read together, every second and at every flush
+    /// round: `schedule` turns due times into timer deadlines with it instead of reading the
+    /// clocks again (one clock read is a fifth of its cost here).
     pub(super) anchor: Anchor,
     /// Every task held: pending, or fired and not yet acknowledged.
     pub(super) index: Ids<Entry>,
     /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
     /// over the rows they have not read yet.
     pub(super) restoring: usize,
+    /// Ids cancelled or acknowledged while a restore runs: it must not load them again from a
+    /// page read before their removal reached the store (a scan may also return a row twice).
+    /// Emptied when the last restore ends.
+    pub(super) gone: Ids<()>,
     pub(super) journal: Journal,
+}
+
+impl State {
+    /// Notes that `id` left the index, for the restores in progress.
+    fn mark_gone(&mut self, id: &Arc<str>) {
+        if self.restoring > 0 {
+            self.gone.insert(id.clone(), ());
+        }
+    }
+
+    /// Whether a restore must leave `id` alone: held, changed since (its change still in the
+    /// journal), or cancelled or acknowledged while the restore ran.
+    fn changed(&self, id: &str) -> bool {
+        self.index.contains_key(id)
+            || self.journal.ops.contains_key(id)
+            || self.gone.contains_key(id)
+    }
 }
 
 pub(super) struct Inner {
@@ -354,6 +375,7 @@ impl<S: TaskStore> Persistent<S> {
                 anchor,
                 index: Ids::default(),
                 restoring: 0,
+                gone: Ids::default(),
                 journal: Journal::default(),
             }),
             flushed: Condvar::new(),
@@ -371,6 +393,19 @@ impl<S: TaskStore> Persistent<S> {
         let timer = builder
             .build_callback(1, 1024, fire)
             .map_err(PersistError::Build)?;
+        {
+            // Keeps the anchor `schedule` reads due times against at most a second old, even
+            // while a flush round waits on a slow store.
+            let inner = inner.clone();
+            rt.spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(1));
+                while !inner.stopping.load(SeqCst) {
+                    every.tick().await;
+                    let anchor = inner.cfg.clock.anchor();
+                    inner.state.lock().anchor = anchor;
+                }
+            });
+        }
         let flusher = {
             let (inner, store, rt) = (inner.clone(), store.clone(), rt.clone());
             std::thread::Builder::new()
@@ -530,16 +565,16 @@ impl<S: TaskStore> Persistent<S> {
         if self.inner.stopping.load(SeqCst) {
             return false; // the flusher's final round may be done: it would not be written
         }
-        let State { index, journal, .. } = &mut *state;
-        let Some((id, entry)) = index.remove_entry(id) else {
+        let Some((id, entry)) = state.index.remove_entry(id) else {
             return false;
         };
         let Some(timer) = entry.timer else {
-            index.insert(id, entry); // fired, waiting for ack: not this call's to remove
+            state.index.insert(id, entry); // fired, waiting for ack: not this call's to remove
             return false;
         };
         self.timer.cancel(timer);
-        journal.remove(id, entry.persisted);
+        state.mark_gone(&id);
+        state.journal.remove(id, entry.persisted);
         true
     }
 
@@ -554,6 +589,7 @@ impl<S: TaskStore> Persistent<S> {
         let Some((id, _)) = state.index.remove_entry(id) else {
             return false;
         };
+        state.mark_gone(&id);
         state.journal.record(id, Change::Remove);
         true
     }
@@ -623,10 +659,7 @@ impl<S: TaskStore> Persistent<S> {
                 // An id this engine holds or has changed since is not the store's to judge: the
                 // row may have changed between the scan's two reads.
                 let state = self.inner.state.lock();
-                page.broken.retain(|b| {
-                    !state.index.contains_key(b.id.as_str())
-                        && !state.journal.ops.contains_key(b.id.as_str())
-                });
+                page.broken.retain(|b| !state.changed(&b.id));
             }
             if !page.broken.is_empty() {
                 let (store, broken) = (self.store.clone(), page.broken.clone());
@@ -642,7 +675,12 @@ impl<S: TaskStore> Persistent<S> {
             let anchor = self.inner.cfg.clock.anchor();
             let now = anchor.wall_ms();
             let mut state = self.inner.state.lock();
-            let State { index, journal, .. } = &mut *state;
+            let State {
+                index,
+                journal,
+                gone,
+                ..
+            } = &mut *state;
             for envelope in page.tasks {
                 if let Some(held) = index.get_mut(envelope.id.as_str()) {
                     // Scheduled again before the restore (or returned twice by the scan): the
@@ -650,8 +688,10 @@ impl<S: TaskStore> Persistent<S> {
                     held.persisted = true;
                     continue;
                 }
-                if journal.ops.contains_key(envelope.id.as_str()) {
-                    continue; // cancelled or acknowledged since: its removal is on its way
+                if journal.ops.contains_key(envelope.id.as_str())
+                    || gone.contains_key(envelope.id.as_str())
+                {
+                    continue; // changed, cancelled or acknowledged since
                 }
                 let extra = if envelope.due_at > now {
                     Duration::ZERO
@@ -814,8 +854,11 @@ impl Drop for Restoring<'_> {
     fn drop(&mut self) {
         let mut state = self.0.state.lock();
         state.restoring -= 1;
-        if state.restoring == 0 && state.journal.snapshot_wanted {
-            self.0.kick(&mut state.journal); // the snapshot it held back
+        if state.restoring == 0 {
+            state.gone = Ids::default();
+            if state.journal.snapshot_wanted {
+                self.0.kick(&mut state.journal); // the snapshot it held back
+            }
         }
     }
 }

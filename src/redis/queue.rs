@@ -101,14 +101,15 @@ pub struct QueueConfig {
     pub batch: usize,
     /// Claimed tasks a consumer holds at most (default 100 000); it claims less beyond that.
     pub max_held: usize,
-    /// A claimed task's lease runs until `max(due, now) + lease` (default 30 s); past that the
-    /// reaper hands it to another consumer.
+    /// A claimed task's lease runs until `max(due, now) + lease` (default 30 s), unless
+    /// renewed; past that the reaper hands it to another consumer.
     pub lease: Duration,
     /// Whether a consumer extends, every `lease / 3`, the leases of the tasks it is working
     /// on: due ones waiting for a handler thread, and those whose handler runs or whose
     /// outcome is not written yet (default true). A slow handler or a backlog then keeps its
     /// tasks for as long as this consumer lives and answers; a consumer that crashes or
-    /// stalls stops renewing, and its tasks fire elsewhere after the lease. Off, a task whose
+    /// stalls stops renewing, and its tasks fire elsewhere after the lease; a handler that
+    /// never returns keeps its task for as long as its consumer lives. Off, a task whose
     /// handler has not finished by the end of its lease runs again elsewhere.
     pub renew_leases: bool,
     /// Acknowledgements are sent in batches at least this often (default 20 ms).

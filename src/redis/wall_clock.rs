@@ -66,13 +66,30 @@ impl WallClock {
     /// Reads the wall clock and the timer's clock together, so that due times can be turned
     /// into timer deadlines later without reading either clock again.
     pub(crate) fn anchor(&self) -> Anchor {
-        let mono = match &self.0 {
-            Source::System => Instant::now(),
-            Source::Manual { clock, .. } => clock.now(),
-        };
-        Anchor {
-            mono,
-            wall_ms: self.now_ms(),
+        match &self.0 {
+            // The wall clock first: time that passes before the second read makes the anchor's
+            // `Instant` later than its wall time, so deadlines derived from it are late by
+            // that much, never early.
+            Source::System => {
+                let wall_ms = self.now_ms();
+                Anchor {
+                    mono: Instant::now(),
+                    wall_ms,
+                }
+            }
+            // One reading for both: the test thread may advance the clock between two.
+            Source::Manual {
+                clock,
+                origin,
+                start_ms,
+            } => {
+                let mono = clock.now();
+                Anchor {
+                    mono,
+                    wall_ms: start_ms
+                        .saturating_add(mono.saturating_duration_since(*origin).as_millis() as u64),
+                }
+            }
         }
     }
 
@@ -85,10 +102,10 @@ impl WallClock {
     }
 }
 
-/// A wall time and the timer's `Instant` read together. The wall time is floored to the ms,
-/// so a deadline derived from it is never early. It goes stale only if someone steps the wall
-/// clock (the two clocks run at the same rate otherwise: NTP slews both), which is why its
-/// owner reads a fresh one every flush round.
+/// A wall time and the timer's `Instant` read together. The wall time is floored to the ms and
+/// read first, so a deadline derived from it is never early. It goes stale only if someone
+/// steps the wall clock (the two clocks run at the same rate otherwise: NTP slews both), which
+/// is why its owner reads a fresh one every second.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Anchor {
     mono: Instant,
