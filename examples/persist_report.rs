@@ -52,19 +52,22 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// CPU seconds the Redis server has used (`INFO cpu`: user + system, all its threads).
-fn redis_cpu_s(url: &str) -> f64 {
+/// The numeric fields `names` of Redis's `INFO section`, summed.
+fn info_sum(url: &str, section: &str, names: &[&str]) -> f64 {
     let info: String = redis::cmd("INFO")
-        .arg("cpu")
+        .arg(section)
         .query(&mut redis_conn(url))
-        .expect("INFO cpu");
+        .expect("INFO");
     info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("used_cpu_user:")
-                .or_else(|| l.strip_prefix("used_cpu_sys:"))
-        })
-        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| names.contains(name))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
         .sum()
+}
+
+/// CPU seconds the Redis server has used (user + system, all its threads).
+fn redis_cpu_s(url: &str) -> f64 {
+    info_sum(url, "cpu", &["used_cpu_user", "used_cpu_sys"])
 }
 
 fn redis_conn(url: &str) -> redis::Connection {
@@ -73,15 +76,8 @@ fn redis_conn(url: &str) -> redis::Connection {
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
 }
 
-fn used_memory(url: &str) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query(&mut redis_conn(url))
-        .expect("INFO memory");
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory in INFO")
+fn used_memory(url: &str) -> f64 {
+    info_sum(url, "memory", &["used_memory"])
 }
 
 /// One command in RESP.
@@ -273,7 +269,7 @@ fn main() {
     let flush_ops_per_s = args.tasks as f64 / flush.as_secs_f64();
     let redis_busy = (redis_cpu_s(&url) - redis_cpu_before) / flush.as_secs_f64();
     drop(persist);
-    let bytes_per_task = (used_memory(&url) - mem_before) as f64 / args.tasks as f64;
+    let bytes_per_task = (used_memory(&url) - mem_before) / args.tasks as f64;
 
     // 2b. Redis's own ceiling for that load, in the same run: the same MULTI/ZADD/HSET/EXEC
     // stream (batches of 1 000, the same envelopes), written as fast as a socket takes it.

@@ -250,11 +250,7 @@ fn a_failed_round_returns_what_it_did_not_send_and_later_cancels_reach_the_store
     store.paused.store(true, SeqCst);
     store.down.store(true, SeqCst);
     assert!(!p.flush(Duration::from_millis(20)));
-    let start = std::time::Instant::now();
-    while store.waiting.load(SeqCst) == 0 {
-        assert!(start.elapsed() < PATIENCE, "no write started");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until("a write to start", || store.waiting.load(SeqCst) > 0);
     // Meanwhile every task is scheduled again: the journal the round took still holds the
     // removals of the stored versions.
     for id in &ids {
@@ -280,16 +276,7 @@ fn a_failed_round_returns_what_it_did_not_send_and_later_cancels_reach_the_store
 /// cancel reached the store (here a page that repeats its row, as a scan may).
 #[test]
 fn restore_does_not_bring_back_a_task_cancelled_meanwhile() {
-    let store = MemStore::default();
-    let far = now_ms() + 3_600_000;
-    {
-        let p = engine(&store);
-        for i in 0..30 {
-            p.schedule(format!("t{i:02}"), "t", serde_json::json!(i), far)
-                .unwrap();
-        }
-        p.shutdown();
-    }
+    let store = stored((0..30).map(|i| format!("t{i:02}")));
     assert_eq!(store.ids().len(), 30);
     let p = engine(&store);
     store.rows_paused.store(true, SeqCst);
@@ -297,11 +284,9 @@ fn restore_does_not_bring_back_a_task_cancelled_meanwhile() {
         let restore = s.spawn(|| p.restore(10));
         // The second page, read with t00 in it, is held back while t00 (from the first page)
         // is cancelled and the removal written.
-        let start = std::time::Instant::now();
-        while store.rows_waiting.load(SeqCst) == 0 || !p.contains("t00") {
-            assert!(start.elapsed() < PATIENCE, "the restore did not get going");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until("the restore to get going", || {
+            store.rows_waiting.load(SeqCst) > 0 && p.contains("t00")
+        });
         assert!(p.cancel("t00"));
         assert!(p.flush(PATIENCE));
         assert!(!store.ids().contains("t00"));
@@ -313,6 +298,26 @@ fn restore_does_not_bring_back_a_task_cancelled_meanwhile() {
     // pages read before it are sure to be whole.)
     assert!((1..20).all(|i| p.contains(&format!("t{i:02}"))));
     p.shutdown();
+}
+
+/// A store holding tasks `ids`, an hour away, written by an engine that has shut down.
+fn stored(ids: impl Iterator<Item = String>) -> MemStore {
+    let store = MemStore::default();
+    let p = engine(&store);
+    for (i, id) in ids.enumerate() {
+        p.schedule(id, "t", serde_json::json!(i), now_ms() + 3_600_000)
+            .unwrap();
+    }
+    p.shutdown();
+    store
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn engine(store: &MemStore) -> Persistent<MemStore> {
@@ -374,16 +379,7 @@ fn restore_keeps_a_task_scheduled_again_and_a_cancel_still_removes_it() {
 /// partial success (a snapshot after it would wipe the rows never read).
 #[test]
 fn restore_fails_when_the_scan_stops_early() {
-    let store = MemStore::default();
-    let far = now_ms() + 3_600_000;
-    {
-        let p = engine(&store);
-        for i in 0..10 {
-            p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
-                .unwrap();
-        }
-        p.shutdown();
-    }
+    let store = stored((0..10).map(|i| format!("t{i}")));
     store.rows_panic.store(true, SeqCst);
     let p = engine(&store);
     assert!(matches!(p.restore(3), Err(PersistError::Store(_))));
