@@ -4,6 +4,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::KeyLayout;
@@ -185,7 +188,13 @@ pub struct Page {
 pub struct RedisStore {
     keys: KeyLayout,
     conn: Link,
+    /// The ZSCAN step `rows` read ahead for the page after the one it returned: (cursor it
+    /// starts at, its reply).
+    scanned: Arc<Mutex<Option<(u64, Scan)>>>,
 }
+
+/// A ZSCAN reply: the next cursor and `member, score, member, score, ...`.
+type Scan = (u64, Vec<String>);
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -201,7 +210,11 @@ impl RedisStore {
     /// `keys`.
     pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
         let conn = Link::node(url).await?;
-        Ok(RedisStore { keys, conn })
+        Ok(RedisStore {
+            keys,
+            conn,
+            scanned: Arc::default(),
+        })
     }
 
     /// Connects to the Redis Cluster that `nodes` (seed node URLs) belong to. Every key of a
@@ -212,7 +225,11 @@ impl RedisStore {
         keys: KeyLayout,
     ) -> Result<RedisStore, StoreError> {
         let conn = Link::cluster(nodes).await?;
-        Ok(RedisStore { keys, conn })
+        Ok(RedisStore {
+            keys,
+            conn,
+            scanned: Arc::default(),
+        })
     }
 
     /// For a configuration: the cluster of `cluster_nodes` when there are any, else `url`.
@@ -222,7 +239,11 @@ impl RedisStore {
         keys: KeyLayout,
     ) -> Result<RedisStore, StoreError> {
         let conn = Link::open(url, cluster_nodes).await?;
-        Ok(RedisStore { keys, conn })
+        Ok(RedisStore {
+            keys,
+            conn,
+            scanned: Arc::default(),
+        })
     }
 
     /// The namespace's keys.
@@ -295,14 +316,15 @@ impl RedisStore {
     /// envelopes. A scan may return an entry twice if the set changes meanwhile (callers
     /// dedupe by id).
     pub async fn rows(&self, cursor: u64, count: usize) -> Result<Rows, StoreError> {
-        let mut conn = self.conn.clone();
-        let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
-            .arg(self.keys.due())
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(count.max(1))
-            .query_async(&mut conn)
-            .await?;
+        let read_ahead = self
+            .scanned
+            .lock()
+            .take()
+            .filter(|(from, _)| *from == cursor);
+        let (next, flat) = match read_ahead {
+            Some((_, scan)) => scan,
+            None => self.scan(cursor, count).await?,
+        };
         let mut rows = Rows {
             next,
             rows: Vec::with_capacity(flat.len() / 2),
@@ -311,11 +333,21 @@ impl RedisStore {
             return Ok(rows);
         }
         let ids: Vec<&str> = flat.iter().step_by(2).map(String::as_str).collect();
-        let raws: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-            .arg(self.keys.tasks())
-            .arg(&ids)
-            .query_async(&mut conn)
-            .await?;
+        let mut conn = self.conn.clone();
+        let mut hmget = redis::cmd("HMGET");
+        hmget.arg(self.keys.tasks()).arg(&ids);
+        let envelopes = hmget.query_async::<Vec<Option<Vec<u8>>>>(&mut conn);
+        // The next page's scan step goes out with this page's envelopes, so Redis has it in
+        // hand while this reply is read (a restore's next call then finds it here).
+        let (raws, ahead) = if next == 0 {
+            (envelopes.await?, None)
+        } else {
+            let (raws, ahead) = tokio::join!(envelopes, self.scan(next, count));
+            (raws?, ahead.ok())
+        };
+        if let Some(scan) = ahead {
+            *self.scanned.lock() = Some((next, scan));
+        }
         let mut flat = flat.into_iter();
         for envelope in raws {
             let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
@@ -324,6 +356,18 @@ impl RedisStore {
             rows.rows.push(Row { id, due, envelope });
         }
         Ok(rows)
+    }
+
+    /// One ZSCAN step of the due ZSET.
+    async fn scan(&self, cursor: u64, count: usize) -> Result<Scan, StoreError> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("ZSCAN")
+            .arg(self.keys.due())
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .query_async(&mut conn)
+            .await?)
     }
 
     /// Moves broken entries to the dead-letter hash with their reason, the raw bytes and the
