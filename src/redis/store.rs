@@ -136,6 +136,22 @@ pub struct Rows {
 }
 
 impl Rows {
+    /// A scan step's rows, with the envelopes read for its members.
+    fn zip((next, flat): Scan, raws: Vec<Option<Vec<u8>>>) -> Rows {
+        let mut rows = Rows {
+            next,
+            rows: Vec::with_capacity(raws.len()),
+        };
+        let mut flat = flat.into_iter();
+        for envelope in raws {
+            let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
+                break;
+            };
+            rows.rows.push(Row { id, due, envelope });
+        }
+        rows
+    }
+
     /// Decodes the rows, sorting out those with no envelope, an undecodable one, or a due time
     /// that is not an integer in `0..=2^53 − 1`. The stored due time is authoritative.
     pub fn classify(self) -> Page {
@@ -188,13 +204,21 @@ pub struct Page {
 pub struct RedisStore {
     keys: KeyLayout,
     conn: Link,
-    /// The ZSCAN step `rows` read ahead for the page after the one it returned: (cursor it
-    /// starts at, its reply).
-    scanned: Arc<Mutex<Option<(u64, Scan)>>>,
+    /// What `rows` read ahead for the page after the one it returned.
+    ahead: Arc<Mutex<Option<Ahead>>>,
 }
 
 /// A ZSCAN reply: the next cursor and `member, score, member, score, ...`.
 type Scan = (u64, Vec<String>);
+
+/// A page being read ahead: its ZSCAN step (done), its envelopes (sent), and the ZSCAN step
+/// of the page after it (sent before those envelopes, so its short reply comes back first).
+struct Ahead {
+    cursor: u64,
+    scan: Scan,
+    envelopes: tokio::task::JoinHandle<Result<Vec<Option<Vec<u8>>>, StoreError>>,
+    next_scan: Option<tokio::sync::oneshot::Receiver<Result<Scan, StoreError>>>,
+}
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -213,7 +237,7 @@ impl RedisStore {
         Ok(RedisStore {
             keys,
             conn,
-            scanned: Arc::default(),
+            ahead: Arc::default(),
         })
     }
 
@@ -228,7 +252,7 @@ impl RedisStore {
         Ok(RedisStore {
             keys,
             conn,
-            scanned: Arc::default(),
+            ahead: Arc::default(),
         })
     }
 
@@ -242,7 +266,7 @@ impl RedisStore {
         Ok(RedisStore {
             keys,
             conn,
-            scanned: Arc::default(),
+            ahead: Arc::default(),
         })
     }
 
@@ -313,49 +337,84 @@ impl RedisStore {
 
     /// Reads one page of about `count` stored rows, starting at `cursor` (0 to begin), as
     /// stored. Never one giant reply: ZSCAN pages the ZSET and HMGET fetches that page's
-    /// envelopes. A scan may return an entry twice if the set changes meanwhile (callers
-    /// dedupe by id).
+    /// envelopes. Within a tokio runtime the next page is read ahead (two pages in flight), for
+    /// the call that continues the scan at its cursor; a call at any other cursor drops it. A
+    /// scan may return an entry twice if the set changes meanwhile (callers dedupe by id).
     pub async fn rows(&self, cursor: u64, count: usize) -> Result<Rows, StoreError> {
-        let read_ahead = self
-            .scanned
-            .lock()
-            .take()
-            .filter(|(from, _)| *from == cursor);
-        let (next, flat) = match read_ahead {
-            Some((_, scan)) => scan,
-            None => self.scan(cursor, count).await?,
-        };
-        let mut rows = Rows {
-            next,
-            rows: Vec::with_capacity(flat.len() / 2),
-        };
-        if flat.is_empty() {
-            return Ok(rows);
+        // Outside a tokio runtime nothing can be read ahead: one step, then its envelopes.
+        if tokio::runtime::Handle::try_current().is_err() {
+            let scan = self.scan(cursor, count).await?;
+            let ids: Vec<String> = scan.1.iter().step_by(2).cloned().collect();
+            let raws = self.envelopes(&ids).await?;
+            return Ok(Rows::zip(scan, raws));
         }
-        let ids: Vec<&str> = flat.iter().step_by(2).map(String::as_str).collect();
-        let mut conn = self.conn.clone();
-        let mut hmget = redis::cmd("HMGET");
-        hmget.arg(self.keys.tasks()).arg(&ids);
-        let envelopes = hmget.query_async::<Vec<Option<Vec<u8>>>>(&mut conn);
-        // The next page's scan step goes out with this page's envelopes, so Redis has it in
-        // hand while this reply is read (a restore's next call then finds it here).
-        let (raws, ahead) = if next == 0 {
-            (envelopes.await?, None)
-        } else {
-            let (raws, ahead) = tokio::join!(envelopes, self.scan(next, count));
-            (raws?, ahead.ok())
+        let ahead = self.ahead.lock().take().filter(|a| a.cursor == cursor);
+        let Ahead {
+            scan,
+            envelopes,
+            next_scan,
+            ..
+        } = match ahead {
+            Some(a) => a,
+            None => {
+                let scan = self.scan(cursor, count).await?;
+                self.read_ahead(cursor, scan, count)
+            }
         };
-        if let Some(scan) = ahead {
-            *self.scanned.lock() = Some((next, scan));
+        // Two pages in flight: while this page's envelopes come back, Redis works on the next
+        // page's, sent as soon as its scan step is known (a restore's next call finds them).
+        if let Some(next) = next_scan {
+            if let Ok(Ok(next)) = next.await {
+                *self.ahead.lock() = Some(self.read_ahead(scan.0, next, count));
+            }
         }
-        let mut flat = flat.into_iter();
-        for envelope in raws {
-            let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
-                break;
+        let raws = envelopes
+            .await
+            .map_err(|e| StoreError::new(format!("reading envelopes: {e}")))??;
+        Ok(Rows::zip(scan, raws))
+    }
+
+    /// Sends, from one task and in this order, the ZSCAN step after `scan` (unless the scan is
+    /// over) and the HMGET of `scan`'s envelopes, for the page at `cursor`.
+    fn read_ahead(&self, cursor: u64, scan: Scan, count: usize) -> Ahead {
+        let this = self.clone();
+        let ids: Vec<String> = scan.1.iter().step_by(2).cloned().collect();
+        let (tx, next_scan) = match scan.0 {
+            0 => (None, None),
+            _ => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+        };
+        let next = scan.0;
+        let envelopes = tokio::spawn(async move {
+            let step = async {
+                if let Some(tx) = tx {
+                    let _ = tx.send(this.scan(next, count).await);
+                }
             };
-            rows.rows.push(Row { id, due, envelope });
+            // `join!` polls the step first: its request goes out first.
+            tokio::join!(step, this.envelopes(&ids)).1
+        });
+        Ahead {
+            cursor,
+            scan,
+            envelopes,
+            next_scan,
         }
-        Ok(rows)
+    }
+
+    /// The envelopes of tasks `ids` (`None` where the HASH has none).
+    async fn envelopes(&self, ids: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("HMGET")
+            .arg(self.keys.tasks())
+            .arg(ids)
+            .query_async(&mut conn)
+            .await?)
     }
 
     /// One ZSCAN step of the due ZSET.
