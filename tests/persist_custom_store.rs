@@ -51,30 +51,33 @@ impl MemStore {
 
 impl TaskStore for MemStore {
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        if self.paused.load(SeqCst) {
-            self.waiting.fetch_add(1, SeqCst);
-            while self.paused.load(SeqCst) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        let result = self.check().map(|()| {
-            let mut rows = self.table.lock();
-            for op in ops {
-                match op {
-                    Op::Upsert {
-                        id,
-                        due_at,
-                        envelope,
-                    } => {
-                        rows.insert(id.clone(), (*due_at, envelope.clone()));
-                    }
-                    Op::Remove(id) => {
-                        rows.remove(id);
-                    }
+        let (this, ops) = (self.clone(), ops.to_vec());
+        async move {
+            // Paused without blocking the runtime, which the engine's other store calls share.
+            if this.paused.load(SeqCst) {
+                this.waiting.fetch_add(1, SeqCst);
+                while this.paused.load(SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-        });
-        async move { result }
+            this.check().map(|()| {
+                let mut rows = this.table.lock();
+                for op in ops {
+                    match op {
+                        Op::Upsert {
+                            id,
+                            due_at,
+                            envelope,
+                        } => {
+                            rows.insert(id, (due_at, envelope));
+                        }
+                        Op::Remove(id) => {
+                            rows.remove(&id);
+                        }
+                    }
+                }
+            })
+        }
     }
 
     fn rows(
@@ -297,6 +300,34 @@ fn restore_does_not_bring_back_a_task_cancelled_meanwhile() {
     // (This store's cursor is a position, so the removal shifts the rows after it: only the
     // pages read before it are sure to be whole.)
     assert!((1..20).all(|i| p.contains(&format!("t{i:02}"))));
+    p.shutdown();
+}
+
+/// A restore that starts while a flush round is still removing a cancelled task from the store
+/// waits for that round: it must not read the task back.
+#[test]
+fn restore_waits_for_the_removals_of_a_round_in_flight() {
+    let store = stored((0..10).map(|i| format!("t{i}")));
+    let p = engine(&store);
+    p.restore(100).unwrap();
+    assert!(p.cancel("t3"));
+    // The round that takes the removal is stuck in its write.
+    store.paused.store(true, SeqCst);
+    assert!(!p.flush(Duration::from_millis(20)));
+    wait_until("the removal's write to start", || {
+        store.waiting.load(SeqCst) > 0
+    });
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(100));
+        // Time for a restore that did not wait to read "t3" back from the store.
+        std::thread::sleep(Duration::from_millis(200));
+        store.paused.store(false, SeqCst);
+        restore.join().unwrap().unwrap();
+    });
+    assert!(!p.contains("t3"), "the cancelled task came back");
+    assert_eq!(p.len(), 9);
+    assert!(p.flush(PATIENCE));
+    assert!(!store.ids().contains("t3"));
     p.shutdown();
 }
 

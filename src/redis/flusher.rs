@@ -56,6 +56,9 @@ pub(super) struct Journal {
     /// now instead of sleeping. A flag, not just the condvar, so a kick made while the flusher
     /// is busy is not lost.
     pub(super) kicked: bool,
+    /// The flusher has taken a round and not yet booked its end (failures journaled again):
+    /// its removals may not have reached the store. `restore` waits for it before reading.
+    pub(super) in_round: bool,
 }
 
 impl Journal {
@@ -165,9 +168,11 @@ fn take_round(inner: &Inner) -> Round {
                 entry.envelope.clone()
             })
             .collect();
+        journal.in_round = true;
         return Round::Snapshot(all);
     }
     // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
+    journal.in_round = true;
     Round::Journal(std::mem::take(&mut journal.ops), journal.oldest.take())
 }
 
@@ -337,6 +342,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         {
             let mut state = inner.state.lock();
             let journal = &mut state.journal;
+            journal.in_round = false;
             match result {
                 Ok(()) => {
                     journal.flushed += 1;

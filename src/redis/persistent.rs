@@ -845,7 +845,18 @@ struct Restoring<'a>(&'a Inner);
 
 impl<'a> Restoring<'a> {
     fn begin(inner: &'a Inner) -> Restoring<'a> {
-        inner.state.lock().restoring += 1;
+        let mut state = inner.state.lock();
+        state.restoring += 1;
+        // Removals from now on are noted in `gone`; those of a round the flusher took before
+        // may not have reached the store yet, and the scan could read them back: wait for
+        // that round to end (a failed one puts them back into the journal, which the restore
+        // checks).
+        while state.journal.in_round && !inner.stopping.load(SeqCst) {
+            inner
+                .flushed
+                .wait_for(&mut state, Duration::from_millis(100));
+        }
+        drop(state);
         Restoring(inner)
     }
 }

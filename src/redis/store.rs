@@ -208,6 +208,15 @@ pub struct RedisStore {
     ahead: Arc<Mutex<Option<Ahead>>>,
 }
 
+/// Empties the read-ahead slot when dropped.
+struct ClearOnDrop<'a>(&'a Mutex<Option<Ahead>>);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.lock().take();
+    }
+}
+
 /// A ZSCAN reply: the next cursor and `member, score, member, score, ...`.
 type Scan = (u64, Vec<String>);
 
@@ -215,6 +224,7 @@ type Scan = (u64, Vec<String>);
 /// of the page after it (sent before those envelopes, so its short reply comes back first).
 struct Ahead {
     cursor: u64,
+    count: usize,
     scan: Scan,
     envelopes: tokio::task::JoinHandle<Result<Vec<Option<Vec<u8>>>, StoreError>>,
     next_scan: Option<tokio::sync::oneshot::Receiver<Result<Scan, StoreError>>>,
@@ -348,7 +358,13 @@ impl RedisStore {
             let raws = self.envelopes(&ids).await?;
             return Ok(Rows::zip(scan, raws));
         }
-        let ahead = self.ahead.lock().take().filter(|a| a.cursor == cursor);
+        let ahead = self
+            .ahead
+            .lock()
+            .take()
+            .filter(|a| (a.cursor, a.count) == (cursor, count));
+        // A call given up half way (its caller stopped scanning) leaves nothing read ahead.
+        let abandoned = ClearOnDrop(&self.ahead);
         let Ahead {
             scan,
             envelopes,
@@ -371,6 +387,7 @@ impl RedisStore {
         let raws = envelopes
             .await
             .map_err(|e| StoreError::new(format!("reading envelopes: {e}")))??;
+        std::mem::forget(abandoned);
         Ok(Rows::zip(scan, raws))
     }
 
@@ -398,6 +415,7 @@ impl RedisStore {
         });
         Ahead {
             cursor,
+            count,
             scan,
             envelopes,
             next_scan,
