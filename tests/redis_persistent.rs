@@ -472,7 +472,7 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
         .unwrap();
     assert_eq!(tasks, expected.len() as u64);
     assert_eq!(
-        nodes_with_keys_of(&urls),
+        cluster.nodes_with_keys(),
         1,
         "a namespace lives in one slot"
     );
@@ -522,21 +522,8 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
     rt.block_on(dedup.abandon("soon1")).unwrap();
     assert_eq!(rt.block_on(dedup.begin("soon1")).unwrap(), Begin::Run);
     assert_eq!(
-        nodes_with_keys_of(&urls),
+        cluster.nodes_with_keys(),
         1,
         "the marker is in the namespace's slot"
     );
-}
-
-/// How many nodes of a cluster hold any key.
-fn nodes_with_keys_of(urls: &[String]) -> usize {
-    urls.iter()
-        .filter(|url| {
-            let mut node = redis::Client::open(url.as_str())
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            redis::cmd("DBSIZE").query::<u64>(&mut node).unwrap() > 0
-        })
-        .count()
 }

@@ -65,10 +65,15 @@ impl Journal {
     /// Records `change` for `id`, replacing (and returning) any earlier unflushed change to
     /// that id.
     pub(super) fn record(&mut self, id: Arc<str>, change: Change) -> Option<Change> {
+        self.changed();
+        self.ops.insert(id, change)
+    }
+
+    /// Notes when the oldest unflushed change was made (for the lag metric).
+    fn changed(&mut self) {
         if self.oldest.is_none() {
             self.oldest = Some(Instant::now());
         }
-        self.ops.insert(id, change)
     }
 
     /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
@@ -82,9 +87,7 @@ impl Journal {
             MapEntry::Occupied(mut slot) => *slot.get_mut() = Change::Remove,
             MapEntry::Vacant(slot) => {
                 slot.insert(Change::Remove);
-                if self.oldest.is_none() {
-                    self.oldest = Some(Instant::now());
-                }
+                self.changed();
             }
         }
     }

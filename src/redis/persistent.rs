@@ -231,12 +231,15 @@ impl State {
         }
     }
 
-    /// Whether a restore must leave `id` alone: held, changed since (its change still in the
-    /// journal), or cancelled or acknowledged while the restore ran.
+    /// Whether a restore must leave `id` alone: held, or [`left`](Self::left).
     fn changed(&self, id: &str) -> bool {
-        self.index.contains_key(id)
-            || self.journal.ops.contains_key(id)
-            || self.gone.contains_key(id)
+        self.index.contains_key(id) || self.left(id)
+    }
+
+    /// Whether `id` changed since (its change still in the journal), or was cancelled or
+    /// acknowledged while a restore ran: the store's row of it is not to be loaded.
+    fn left(&self, id: &str) -> bool {
+        self.journal.ops.contains_key(id) || self.gone.contains_key(id)
     }
 }
 
@@ -675,23 +678,15 @@ impl<S: TaskStore> Persistent<S> {
             let anchor = self.inner.cfg.clock.anchor();
             let now = anchor.wall_ms();
             let mut state = self.inner.state.lock();
-            let State {
-                index,
-                journal,
-                gone,
-                ..
-            } = &mut *state;
             for envelope in page.tasks {
-                if let Some(held) = index.get_mut(envelope.id.as_str()) {
+                if let Some(held) = state.index.get_mut(envelope.id.as_str()) {
                     // Scheduled again before the restore (or returned twice by the scan): the
                     // engine's version wins, and Redis holds one, so a cancel must remove it.
                     held.persisted = true;
                     continue;
                 }
-                if journal.ops.contains_key(envelope.id.as_str())
-                    || gone.contains_key(envelope.id.as_str())
-                {
-                    continue; // changed, cancelled or acknowledged since
+                if state.left(&envelope.id) {
+                    continue;
                 }
                 let extra = if envelope.due_at > now {
                     Duration::ZERO
@@ -709,7 +704,7 @@ impl<S: TaskStore> Persistent<S> {
                 let Some(timer) = self.arm(id.clone(), &anchor, due, extra) else {
                     return Err(PersistError::Shutdown(Box::new(envelope)));
                 };
-                index.insert(
+                state.index.insert(
                     id,
                     Entry {
                         envelope: Arc::new(envelope),

@@ -109,6 +109,20 @@ impl RedisCluster {
             .map(|p| format!("redis://127.0.0.1:{p}/"))
             .collect()
     }
+
+    /// How many nodes hold any key.
+    pub fn nodes_with_keys(&self) -> usize {
+        self.urls()
+            .iter()
+            .filter(|url| {
+                let mut node = redis::Client::open(url.as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                redis::cmd("DBSIZE").query::<u64>(&mut node).unwrap() > 0
+            })
+            .count()
+    }
 }
 
 impl Drop for RedisCluster {
