@@ -16,6 +16,8 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 
+use super::huge_pages;
+
 /// A handle to a timer in a [`Wheel`](super::Wheel), returned by `insert`.
 ///
 /// Keys are generation-checked: once the timer has fired, been cancelled or drained, the key is
@@ -99,8 +101,11 @@ impl<T> fmt::Debug for Keys<T> {
 
 impl<T> Keys<T> {
     pub(crate) fn with_capacity(n: usize) -> Keys<T> {
+        let entries = Vec::with_capacity(n);
+        // Only a table sized up front: see `huge_pages` for why growth is not advised.
+        huge_pages::advise(&entries);
         Keys {
-            entries: Vec::with_capacity(n),
+            entries,
             free_head: NONE,
             gen_floor: 0,
             len: 0,

@@ -59,6 +59,7 @@
 //! assert_eq!(wheel.now(), 100);
 //! ```
 
+mod huge_pages;
 mod iter;
 mod keys;
 mod layout;
