@@ -324,3 +324,13 @@ fn a_large_presized_wheel_fires_every_timer_in_order() {
     assert_eq!(fired, model.into_keys().collect::<Vec<_>>());
     assert!(wheel.is_empty());
 }
+
+/// `with_capacity` is a hint: an impossible one neither panics nor aborts, and the wheel works.
+#[test]
+fn an_impossible_capacity_is_only_a_hint() {
+    for n in [usize::MAX, usize::MAX / 24, u32::MAX as usize * 1000] {
+        let mut wheel = Wheel::with_capacity(n);
+        let key = wheel.insert(5, n);
+        assert_eq!(wheel.poll(5).map(|e| (e.key, e.value)), Some((key, n)));
+    }
+}

@@ -101,9 +101,13 @@ impl<T> fmt::Debug for Keys<T> {
 
 impl<T> Keys<T> {
     pub(crate) fn with_capacity(n: usize) -> Keys<T> {
-        let entries = Vec::with_capacity(n);
-        // Only a table sized up front: see `huge_pages` for why growth is not advised.
-        huge_pages::advise(&entries);
+        // A hint: no more records than keys can index (`NONE` is never handed out), and a
+        // reservation the system refuses leaves the table to grow on demand.
+        let mut entries = Vec::new();
+        if entries.try_reserve_exact(n.min(NONE as usize)).is_ok() {
+            // Only a table sized up front: see `huge_pages` for why growth is not advised.
+            huge_pages::advise(&entries);
+        }
         Keys {
             entries,
             free_head: NONE,
