@@ -5,6 +5,9 @@
 //!   handle (`delaywheel`), against tokio's own timer: `tokio_sleep_registered` creates a
 //!   `tokio::time::sleep(30 s)`, polls it once (that is when tokio registers it in its wheel)
 //!   and drops it (deregistering), which is the like-for-like comparison;
+//!   `tokio_sleep_registered_inline` does the same with the `Sleep` pinned on the stack, as
+//!   it sits inline in an `async fn`'s state or in `tokio::time::timeout` (no allocation, so
+//!   the harder baseline: `schedule` allocates nothing either);
 //!   `tokio_sleep_unpolled` only creates and drops it (no registration), for reference.
 //! * `producers` — 1 and 2 threads each doing schedule+cancel pairs on one shared engine
 //!   (`delaywheel/1`, `delaywheel/2`) and on a `parking_lot::Mutex<BinaryHeap>` with lazy
@@ -61,6 +64,12 @@ fn bench_schedule_cancel(c: &mut Criterion) {
             let mut sleep = Box::pin(tokio::time::sleep(FAR));
             assert!(sleep.as_mut().poll(&mut cx).is_pending());
             drop(sleep);
+        })
+    });
+    group.bench_function("tokio_sleep_registered_inline", |b| {
+        b.iter(|| {
+            let mut sleep = std::pin::pin!(tokio::time::sleep(FAR));
+            assert!(sleep.as_mut().poll(&mut cx).is_pending());
         })
     });
     group.bench_function("tokio_sleep_unpolled", |b| {
