@@ -481,6 +481,49 @@ fn write_through_that_shutdown_interrupts_returns_the_envelope() {
     assert!(!p.flush(Duration::MAX));
 }
 
+/// With a write-through timeout, `schedule` gives up waiting for a store that is down and says
+/// the task is unconfirmed, not refused: it stays scheduled, its write stays journaled and
+/// lands once the store is back. `cancel` withdraws such a task, in memory and in the store.
+#[test]
+fn write_through_with_a_timeout_reports_an_unconfirmed_task_that_still_lands() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.durability = Durability::WriteThrough;
+    cfg.write_through_timeout = Some(Duration::from_millis(200));
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    // Confirmed while the store is up.
+    p.schedule("up", "t", serde_json::json!(0), now_ms() + 60_000)
+        .unwrap();
+    assert!(store.ids().contains("up"));
+
+    store.down.store(true, SeqCst);
+    let started = std::time::Instant::now();
+    for id in ["kept", "withdrawn"] {
+        match p.schedule(id, "t", serde_json::json!(1), now_ms() + 60_000) {
+            Err(PersistError::Unconfirmed(back)) => assert_eq!(back, id),
+            other => panic!("WriteThrough with the store down returned {other:?}"),
+        }
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < PATIENCE,
+        "two schedules waited {waited:?} against a 200 ms timeout each"
+    );
+    assert!(p.contains("kept") && p.contains("withdrawn"));
+    assert!(p.cancel("withdrawn"));
+    assert!(!store.ids().contains("kept"));
+
+    store.down.store(false, SeqCst);
+    wait_until("the unconfirmed task to land", || {
+        store.ids().contains("kept")
+    });
+    assert!(p.flush(PATIENCE));
+    assert_eq!(
+        store.ids(),
+        ["up", "kept"].iter().map(|s| s.to_string()).collect()
+    );
+}
+
 /// Settings that could never work are refused at start, by name.
 #[test]
 fn settings_out_of_range_are_refused() {

@@ -43,7 +43,8 @@ pub enum Durability {
     /// most the last flush window of changes.
     #[default]
     WriteBehind,
-    /// `schedule` returns only once Redis has acknowledged the write.
+    /// `schedule` returns only once Redis has acknowledged the write (or, with
+    /// [`PersistConfig::write_through_timeout`], says it has not within that time).
     WriteThrough,
 }
 
@@ -94,6 +95,10 @@ pub struct PersistConfig {
     pub when_full: WhenFull,
     /// When a change counts as done.
     pub durability: Durability,
+    /// With [`Durability::WriteThrough`], how long `schedule` waits for Redis to confirm before
+    /// it returns [`PersistError::Unconfirmed`] (default `None`: as long as it takes, until
+    /// `shutdown`). Not used with `WriteBehind`.
+    pub write_through_timeout: Option<Duration>,
     /// The largest encoded envelope accepted (default 64 KiB).
     pub max_envelope: usize,
     /// Queue of fired tasks waiting for the consumer (default 65 536; the driver waits when full;
@@ -131,6 +136,7 @@ impl PersistConfig {
             journal_bound: 1_000_000,
             when_full: WhenFull::Block,
             durability: Durability::WriteBehind,
+            write_through_timeout: None,
             max_envelope: 64 * 1024,
             fired_bound: 65_536,
             overdue: Overdue::AtOnce,
@@ -154,6 +160,12 @@ pub enum PersistError {
     JournalFull(Box<Envelope>),
     /// The engine has been shut down.
     Shutdown(Box<Envelope>),
+    /// `WriteThrough` only: Redis did not confirm the task within
+    /// [`PersistConfig::write_through_timeout`] (it is down or slow). The task was *not*
+    /// refused: it is scheduled in memory and its write stays in the journal, sent when Redis
+    /// answers, as with `WriteBehind`. A crash before that loses it. [`Persistent::cancel`]
+    /// with this id withdraws it.
+    Unconfirmed(String),
     /// A setting is out of range (named in the message).
     Config(&'static str),
 }
@@ -168,6 +180,10 @@ impl fmt::Display for PersistError {
             PersistError::JournalFull(_) => f.write_str("the persistence journal is full"),
             PersistError::Config(e) => write!(f, "bad persistence setting: {e}"),
             PersistError::Shutdown(_) => f.write_str("the engine has been shut down"),
+            PersistError::Unconfirmed(id) => write!(
+                f,
+                "task {id:?} is scheduled but Redis did not confirm it within the write-through timeout"
+            ),
         }
     }
 }
@@ -429,7 +445,8 @@ impl<S: TaskStore> Persistent<S> {
     }
 
     /// Schedules (or replaces) task `id` to fire at `due_at` ms since the Unix epoch. A due
-    /// time in the past fires at once. Errors hand the envelope back.
+    /// time in the past fires at once. Errors that refuse the task hand the envelope back;
+    /// [`PersistError::Unconfirmed`] (`WriteThrough` with a timeout) refuses nothing.
     pub fn schedule(
         &self,
         id: impl Into<String>,
@@ -505,8 +522,17 @@ impl<S: TaskStore> Persistent<S> {
         if let Some(envelope) = kept {
             // The round in progress may have taken its changes before this one: wait for the
             // round after it.
-            if !self.wait_flushed(round + 2) {
-                return Err(PersistError::Shutdown(unshare(envelope)));
+            let deadline = self
+                .inner
+                .cfg
+                .write_through_timeout
+                .and_then(|t| Instant::now().checked_add(t));
+            let mut state = self.inner.state.lock();
+            if !self.inner.wait_for_round(&mut state, round + 2, deadline) {
+                if self.inner.stopping.load(SeqCst) {
+                    return Err(PersistError::Shutdown(unshare(envelope)));
+                }
+                return Err(PersistError::Unconfirmed(envelope.id.clone()));
             }
         }
         Ok(())
@@ -557,11 +583,6 @@ impl<S: TaskStore> Persistent<S> {
     }
 
     /// Waits until flush round `round` is done; `false` if the engine stopped first.
-    fn wait_flushed(&self, round: u64) -> bool {
-        let mut state = self.inner.state.lock();
-        self.inner.wait_for_round(&mut state, round, None)
-    }
-
     /// Cancels task `id`; `false` if it is not pending (unknown, or already fired).
     pub fn cancel(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
