@@ -524,6 +524,37 @@ fn write_through_with_a_timeout_reports_an_unconfirmed_task_that_still_lands() {
     );
 }
 
+/// The write-through timeout bounds the whole call: a journal that stays full (policy Block,
+/// the store down) refuses the task at the deadline and hands it back.
+#[test]
+fn write_through_timeout_also_bounds_the_wait_for_room() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.durability = Durability::WriteThrough;
+    cfg.write_through_timeout = Some(Duration::from_millis(200));
+    cfg.journal_bound = 1;
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    store.down.store(true, SeqCst);
+    assert!(matches!(
+        p.schedule("first", "t", serde_json::json!(1), now_ms() + 60_000),
+        Err(PersistError::Unconfirmed(_))
+    ));
+    let started = std::time::Instant::now();
+    match p.schedule("second", "t", serde_json::json!(2), now_ms() + 60_000) {
+        Err(PersistError::JournalFull(back)) => assert_eq!(back.id, "second"),
+        other => panic!("a full journal past the timeout returned {other:?}"),
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(150) && waited < PATIENCE,
+        "waited {waited:?} for room against a 200 ms timeout"
+    );
+    assert!(!p.contains("second"));
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids(), ["first".to_string()].into_iter().collect());
+}
+
 /// Settings that could never work are refused at start, by name.
 #[test]
 fn settings_out_of_range_are_refused() {

@@ -95,9 +95,11 @@ pub struct PersistConfig {
     pub when_full: WhenFull,
     /// When a change counts as done.
     pub durability: Durability,
-    /// With [`Durability::WriteThrough`], how long `schedule` waits for Redis to confirm before
-    /// it returns [`PersistError::Unconfirmed`] (default `None`: as long as it takes, until
-    /// `shutdown`). Not used with `WriteBehind`.
+    /// With [`Durability::WriteThrough`], the longest `schedule` waits (default `None`: as long
+    /// as it takes, until `shutdown`). A journal still full at the end (policy
+    /// [`WhenFull::Block`]) refuses the task with [`PersistError::JournalFull`]; a write Redis
+    /// has not confirmed by then gives [`PersistError::Unconfirmed`]. `Some(Duration::ZERO)`
+    /// does not wait at all. Not used with `WriteBehind`.
     pub write_through_timeout: Option<Duration>,
     /// The largest encoded envelope accepted (default 64 KiB).
     pub max_envelope: usize,
@@ -163,8 +165,10 @@ pub enum PersistError {
     /// `WriteThrough` only: Redis did not confirm the task within
     /// [`PersistConfig::write_through_timeout`] (it is down or slow). The task was *not*
     /// refused: it is scheduled in memory and its write stays in the journal, sent when Redis
-    /// answers, as with `WriteBehind`. A crash before that loses it. [`Persistent::cancel`]
-    /// with this id withdraws it.
+    /// answers, as with `WriteBehind`. A crash, or a shutdown while Redis is still down, before
+    /// that loses it. [`Persistent::cancel`] with this id withdraws it, unless it has fired
+    /// meanwhile (then it waits for `ack` like any fired task) or another `schedule` of the id
+    /// has replaced it (then `cancel` withdraws that one).
     Unconfirmed(String),
     /// A setting is out of range (named in the message).
     Config(&'static str),
@@ -475,9 +479,18 @@ impl<S: TaskStore> Persistent<S> {
         // Allocated before the lock is taken.
         let id: Arc<str> = Arc::from(envelope.id.as_str());
         let envelope = Arc::new(envelope);
+        // WriteThrough's whole wait (for room, then for Redis) ends here, if it has a timeout.
+        let deadline = match self.inner.cfg.durability {
+            Durability::WriteThrough => self
+                .inner
+                .cfg
+                .write_through_timeout
+                .and_then(|t| Instant::now().checked_add(t)),
+            Durability::WriteBehind => None,
+        };
         let (round, kept) = {
             let mut state = self.inner.state.lock();
-            let envelope = self.wait_for_room(&mut state, envelope)?;
+            let envelope = self.wait_for_room(&mut state, envelope, deadline)?;
             // Checked under the lock `shutdown` sets it under: a change journaled here is in
             // the flusher's final round.
             if self.inner.stopping.load(SeqCst) {
@@ -522,11 +535,6 @@ impl<S: TaskStore> Persistent<S> {
         if let Some(envelope) = kept {
             // The round in progress may have taken its changes before this one: wait for the
             // round after it.
-            let deadline = self
-                .inner
-                .cfg
-                .write_through_timeout
-                .and_then(|t| Instant::now().checked_add(t));
             let mut state = self.inner.state.lock();
             if !self.inner.wait_for_round(&mut state, round + 2, deadline) {
                 if self.inner.stopping.load(SeqCst) {
@@ -549,11 +557,13 @@ impl<S: TaskStore> Persistent<S> {
         .ok()
     }
 
-    /// Blocks (policy `Block`) or refuses (policy `Error`) while the journal is at its bound.
+    /// Blocks (policy `Block`, until `deadline` if there is one) or refuses (policy `Error`)
+    /// while the journal is at its bound.
     fn wait_for_room(
         &self,
         state: &mut MutexGuard<'_, State>,
         envelope: Arc<Envelope>,
+        deadline: Option<Instant>,
     ) -> Result<Arc<Envelope>, PersistError> {
         while state.journal.ops.len() >= self.inner.cfg.journal_bound {
             metrics::counter!("delaywheel_journal_full_total").increment(1);
@@ -570,9 +580,14 @@ impl<S: TaskStore> Persistent<S> {
                         bound = self.inner.cfg.journal_bound,
                         "journal full: producer waits"
                     );
-                    self.inner
-                        .flushed
-                        .wait_for(state, Duration::from_millis(100));
+                    let mut until = Instant::now() + Duration::from_millis(100);
+                    if let Some(deadline) = deadline {
+                        if deadline <= Instant::now() {
+                            return Err(PersistError::JournalFull(unshare(envelope)));
+                        }
+                        until = until.min(deadline);
+                    }
+                    self.inner.flushed.wait_until(state, until);
                     if self.inner.stopping.load(SeqCst) {
                         return Err(PersistError::Shutdown(unshare(envelope)));
                     }
@@ -582,7 +597,6 @@ impl<S: TaskStore> Persistent<S> {
         Ok(envelope)
     }
 
-    /// Waits until flush round `round` is done; `false` if the engine stopped first.
     /// Cancels task `id`; `false` if it is not pending (unknown, or already fired).
     pub fn cancel(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
