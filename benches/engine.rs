@@ -4,7 +4,7 @@
 //! * `schedule_cancel` — one thread, a 30 s timer scheduled and cancelled through the shared
 //!   handle (`delaywheel`), against tokio's own timer: `tokio_sleep_registered` creates a
 //!   `tokio::time::sleep(30 s)`, polls it once (that is when tokio registers it in its wheel)
-//!   and drops it (deregistering), which is the like-for-like comparison;
+//!   and drops it (deregistering);
 //!   `tokio_sleep_registered_inline` does the same with the `Sleep` pinned on the stack, as
 //!   it sits inline in an `async fn`'s state or in `tokio::time::timeout` (no allocation, so
 //!   the harder baseline: `schedule` allocates nothing either);

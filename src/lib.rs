@@ -7,6 +7,8 @@
 //! The crate is layered, each layer depending only on the ones above it in this list:
 //!
 //! 1. [`wheel`]: the pure data structure. No clock, no threads, no I/O; time is a `u64` tick.
+//!    (Its one system call: on Linux, a key table of 32 MiB or more sized up front by
+//!    `Wheel::with_capacity` asks for transparent huge pages, a hint that changes no data.)
 //! 2. The engine ([`Timer`]): the clock, sharded wheels behind mutexes, a driver thread that
 //!    sleeps until the next deadline, and delivery to a channel, a callback pool or (feature
 //!    `tokio`) futures and streams.

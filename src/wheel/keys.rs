@@ -106,7 +106,7 @@ impl<T> Keys<T> {
         let mut entries = Vec::new();
         if entries.try_reserve_exact(n.min(NONE as usize)).is_ok() {
             // Only a table sized up front: see `huge_pages` for why growth is not advised.
-            huge_pages::advise(&entries);
+            let _ = huge_pages::advise(&entries);
         }
         Keys {
             entries,

@@ -219,14 +219,15 @@ impl<T> Wheel<T> {
 
     /// An empty wheel with room for `n` timers before its key table reallocates.
     ///
-    /// On Linux a key table of 4 MiB or more (about 175k timers of `u64`) asks the kernel for
+    /// On Linux a key table of 32 MiB or more (1.4M timers of `u64`) asks the kernel for
     /// transparent huge pages, so filling it takes a page fault per 2 MiB rather than per
-    /// 4 KiB (a new 10M-timer wheel filled in 0.66× the time). The memory's contents and
-    /// lifetime are unaffected; a kernel without THP ignores the advice.
+    /// 4 KiB (a new 10M-timer wheel filled in 0.66× the time). The memory's contents are
+    /// unaffected; a kernel without THP ignores the advice.
     ///
-    /// `n` is a hint: it is capped at `u32::MAX - 1` (the most timers a wheel holds), and a
-    /// reservation the system refuses (say `usize::MAX`) leaves the wheel empty, growing on
-    /// demand like [`new`](Self::new). It never panics.
+    /// `n` is a hint: it is capped at the most timers a wheel can index (`u32::MAX`), and a
+    /// reservation the system refuses (one past `isize::MAX` bytes, or more memory than it
+    /// will promise) leaves the wheel empty, growing on demand like [`new`](Self::new). It
+    /// never panics.
     pub fn with_capacity(n: usize) -> Wheel<T> {
         let mut wheel = Wheel::new();
         wheel.keys = Keys::with_capacity(n);

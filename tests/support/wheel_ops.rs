@@ -37,14 +37,15 @@ const LAYOUTS: [(usize, usize); 5] = [(8, 256), (6, 64), (3, 4), (1, 2), (16, 16
 /// Runs the operations encoded in `data`, panicking on any disagreement with the model.
 pub fn run(data: &[u8]) {
     let mut input = Input(data);
-    let first = usize::from(input.byte().unwrap_or(0));
-    // One input in LAYOUTS.len() + 1 gets a wheel sized up front for 200k timers, whose key
-    // table (4.8 MB) takes the huge-page advice: that path runs under the model too.
-    let mut wheel = match LAYOUTS.get(first % (LAYOUTS.len() + 1)) {
-        Some(&(levels, slots)) => {
-            Wheel::with_layout(Layout::new(levels, slots).expect("valid layout"))
-        }
-        None => Wheel::with_capacity(200_000),
+    let first = input.byte().unwrap_or(0);
+    let (levels, slots) = LAYOUTS[usize::from(first) % LAYOUTS.len()];
+    // Inputs whose first byte picks the default layout and has its top bit set get that layout
+    // sized up front for 1.5M timers: a 36 MB key table that takes the huge-page advice, so
+    // that path runs under the model too.
+    let mut wheel = if (levels, slots) == (8, 256) && first & 0x80 != 0 {
+        Wheel::with_capacity(1_500_000)
+    } else {
+        Wheel::with_layout(Layout::new(levels, slots).expect("valid layout"))
     };
     let mut model: BTreeMap<TimerKey, (u64, u32)> = BTreeMap::new();
     let mut issued: Vec<TimerKey> = Vec::new();
