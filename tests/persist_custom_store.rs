@@ -481,16 +481,22 @@ fn write_through_that_shutdown_interrupts_returns_the_envelope() {
     assert!(!p.flush(Duration::MAX));
 }
 
+/// An engine on `store` in WriteThrough mode that waits at most 200 ms per `schedule`.
+fn write_through_within_200ms(store: &MemStore, journal_bound: usize) -> Persistent<MemStore> {
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.durability = Durability::WriteThrough;
+    cfg.write_through_timeout = Some(Duration::from_millis(200));
+    cfg.journal_bound = journal_bound;
+    Persistent::with_store(cfg, store.clone()).unwrap().0
+}
+
 /// With a write-through timeout, `schedule` gives up waiting for a store that is down and says
 /// the task is unconfirmed, not refused: it stays scheduled, its write stays journaled and
 /// lands once the store is back. `cancel` withdraws such a task, in memory and in the store.
 #[test]
 fn write_through_with_a_timeout_reports_an_unconfirmed_task_that_still_lands() {
     let store = MemStore::default();
-    let mut cfg = PersistConfig::new("unused://", "unused");
-    cfg.durability = Durability::WriteThrough;
-    cfg.write_through_timeout = Some(Duration::from_millis(200));
-    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let p = write_through_within_200ms(&store, 1_000_000);
     // Confirmed while the store is up.
     p.schedule("up", "t", serde_json::json!(0), now_ms() + 60_000)
         .unwrap();
@@ -529,11 +535,7 @@ fn write_through_with_a_timeout_reports_an_unconfirmed_task_that_still_lands() {
 #[test]
 fn write_through_timeout_also_bounds_the_wait_for_room() {
     let store = MemStore::default();
-    let mut cfg = PersistConfig::new("unused://", "unused");
-    cfg.durability = Durability::WriteThrough;
-    cfg.write_through_timeout = Some(Duration::from_millis(200));
-    cfg.journal_bound = 1;
-    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let p = write_through_within_200ms(&store, 1);
     store.down.store(true, SeqCst);
     assert!(matches!(
         p.schedule("first", "t", serde_json::json!(1), now_ms() + 60_000),
