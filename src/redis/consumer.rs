@@ -396,20 +396,22 @@ impl Consumer {
         }
     }
 
-    /// Hands claimed tasks `(shard, id, owner, due)` back to the queue, 500 per script call.
+    /// Hands claimed tasks `(shard, id, owner, due)` back to the queue, [`PER_CALL`] per
+    /// script call.
     fn give_back(
         &self,
         rt: &tokio::runtime::Runtime,
         tasks: Vec<(u32, String, Arc<str>, u64)>,
     ) -> (usize, Option<redis::RedisError>) {
-        let mut by_shard: HashMap<u32, Vec<(String, Arc<str>, u64)>> = HashMap::new();
-        for (shard, id, owner, due) in tasks {
-            by_shard.entry(shard).or_default().push((id, owner, due));
-        }
+        let by_shard = by_shard(
+            tasks
+                .into_iter()
+                .map(|(shard, id, owner, due)| (shard, (id, owner, due))),
+        );
         let (mut given, mut failure) = (0, None);
         for (shard, tasks) in by_shard {
             let keys = &self.shared.shards[shard as usize];
-            for chunk in tasks.chunks(500) {
+            for chunk in tasks.chunks(PER_CALL) {
                 let mut inv = scripts::GIVE_BACK.prepare_invoke();
                 inv.key(keys.lease())
                     .key(keys.owner())
@@ -948,27 +950,28 @@ fn settled(shared: &Shared, shard: u32, id: &str, owner: &Arc<str>) {
 /// leases then run until a full `lease` from now.
 async fn renew(shared: &Shared) {
     let now = now_ms();
-    let mut by_shard: HashMap<u32, Vec<(String, Arc<str>)>> = HashMap::new();
+    let mut tasks = Vec::new();
     // `held` first: a task that fires meanwhile moves from `held` to `working`, so it is seen
     // in one of them (or both: renewed twice), never in neither.
-    for ((shard, id), (_, owner, due)) in shared.held.lock().iter() {
-        if *due <= now {
-            by_shard
-                .entry(*shard)
-                .or_default()
-                .push((id.clone(), owner.clone()));
-        }
-    }
-    for ((shard, id), owner) in shared.working.lock().iter() {
-        by_shard
-            .entry(*shard)
-            .or_default()
-            .push((id.clone(), owner.clone()));
-    }
+    tasks.extend(
+        shared
+            .held
+            .lock()
+            .iter()
+            .filter(|(_, (_, _, due))| *due <= now)
+            .map(|((shard, id), (_, owner, _))| (*shard, (id.clone(), owner.clone()))),
+    );
+    tasks.extend(
+        shared
+            .working
+            .lock()
+            .iter()
+            .map(|((shard, id), owner)| (*shard, (id.clone(), owner.clone()))),
+    );
     let until = now.saturating_add(shared.cfg.lease.as_millis() as u64);
-    for (shard, tasks) in by_shard {
+    for (shard, tasks) in by_shard(tasks) {
         let keys = &shared.shards[shard as usize];
-        for chunk in tasks.chunks(500) {
+        for chunk in tasks.chunks(PER_CALL) {
             let mut inv = scripts::RENEW.prepare_invoke();
             inv.key(keys.lease()).key(keys.owner()).arg(until);
             for (id, owner) in chunk {
@@ -984,4 +987,16 @@ async fn renew(shared: &Shared) {
             }
         }
     }
+}
+
+/// Tasks per script call when a consumer writes about many at once (hand-back, renewal).
+const PER_CALL: usize = 500;
+
+/// `(shard, task)` pairs grouped by shard: every script touches the keys of one shard.
+fn by_shard<T>(tasks: impl IntoIterator<Item = (u32, T)>) -> HashMap<u32, Vec<T>> {
+    let mut grouped: HashMap<u32, Vec<T>> = HashMap::new();
+    for (shard, task) in tasks {
+        grouped.entry(shard).or_default().push(task);
+    }
+    grouped
 }
