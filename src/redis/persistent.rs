@@ -488,54 +488,51 @@ impl<S: TaskStore> Persistent<S> {
                 .and_then(|t| Instant::now().checked_add(t)),
             Durability::WriteBehind => None,
         };
-        let (round, kept) = {
-            let mut state = self.inner.state.lock();
-            let envelope = self.wait_for_room(&mut state, envelope, deadline)?;
-            // Checked under the lock `shutdown` sets it under: a change journaled here is in
-            // the flusher's final round.
-            if self.inner.stopping.load(SeqCst) {
-                return Err(PersistError::Shutdown(unshare(envelope)));
-            }
-            // Against the anchor the flusher refreshes, after any wait for room: time spent
-            // waiting does not make the task late.
-            let Some(timer) = self.arm(id.clone(), &state.anchor, envelope.due_at, Duration::ZERO)
-            else {
-                return Err(PersistError::Shutdown(unshare(envelope)));
-            };
-            // WriteThrough hands the envelope back if the engine stops before Redis confirms it.
-            let kept =
-                (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
-            let State { index, journal, .. } = &mut *state;
-            // Redis may hold a version of this id: the one this replaces, or an earlier one
-            // whose removal is still in the journal. One lookup records the upsert and reads
-            // what it replaces.
-            let stored = matches!(
-                journal.record(id.clone(), Change::Upsert(envelope.due_at)),
-                Some(Change::Remove)
-            );
-            let entry = Entry {
-                envelope,
-                timer: Some(timer),
-                persisted: stored,
-            };
-            match index.entry(id) {
-                MapEntry::Vacant(slot) => {
-                    slot.insert(entry);
-                }
-                MapEntry::Occupied(mut slot) => {
-                    let old = std::mem::replace(slot.get_mut(), entry);
-                    if let Some(t) = old.timer {
-                        self.timer.cancel(t);
-                    }
-                    slot.get_mut().persisted |= old.persisted;
-                }
-            }
-            (journal.flushed, kept)
+        let mut state = self.inner.state.lock();
+        let envelope = self.wait_for_room(&mut state, envelope, deadline)?;
+        // Checked under the lock `shutdown` sets it under: a change journaled here is in
+        // the flusher's final round.
+        if self.inner.stopping.load(SeqCst) {
+            return Err(PersistError::Shutdown(unshare(envelope)));
+        }
+        // Against the anchor the flusher refreshes, after any wait for room: time spent
+        // waiting does not make the task late.
+        let Some(timer) = self.arm(id.clone(), &state.anchor, envelope.due_at, Duration::ZERO)
+        else {
+            return Err(PersistError::Shutdown(unshare(envelope)));
         };
+        // WriteThrough hands the envelope back if the engine stops before Redis confirms it.
+        let kept =
+            (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
+        let State { index, journal, .. } = &mut *state;
+        // Redis may hold a version of this id: the one this replaces, or an earlier one
+        // whose removal is still in the journal. One lookup records the upsert and reads
+        // what it replaces.
+        let stored = matches!(
+            journal.record(id.clone(), Change::Upsert(envelope.due_at)),
+            Some(Change::Remove)
+        );
+        let entry = Entry {
+            envelope,
+            timer: Some(timer),
+            persisted: stored,
+        };
+        match index.entry(id) {
+            MapEntry::Vacant(slot) => {
+                slot.insert(entry);
+            }
+            MapEntry::Occupied(mut slot) => {
+                let old = std::mem::replace(slot.get_mut(), entry);
+                if let Some(t) = old.timer {
+                    self.timer.cancel(t);
+                }
+                slot.get_mut().persisted |= old.persisted;
+            }
+        }
         if let Some(envelope) = kept {
-            // The round in progress may have taken its changes before this one: wait for the
-            // round after it.
-            let mut state = self.inner.state.lock();
+            // The round in progress may have taken its changes before this one: wait (the wait
+            // releases the lock) for the round after it.
+            let round = journal.flushed;
             if !self.inner.wait_for_round(&mut state, round + 2, deadline) {
                 if self.inner.stopping.load(SeqCst) {
                     return Err(PersistError::Shutdown(unshare(envelope)));
