@@ -243,12 +243,7 @@ impl RedisStore {
     /// redis crate is built with it, `redis+unix:///path`) for the namespace whose keys are
     /// `keys`.
     pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
-        let conn = Link::node(url).await?;
-        Ok(RedisStore {
-            keys,
-            conn,
-            ahead: Arc::default(),
-        })
+        Ok(RedisStore::on(Link::node(url).await?, keys))
     }
 
     /// Connects to the Redis Cluster that `nodes` (seed node URLs) belong to. Every key of a
@@ -258,12 +253,7 @@ impl RedisStore {
         nodes: &[String],
         keys: KeyLayout,
     ) -> Result<RedisStore, StoreError> {
-        let conn = Link::cluster(nodes).await?;
-        Ok(RedisStore {
-            keys,
-            conn,
-            ahead: Arc::default(),
-        })
+        Ok(RedisStore::on(Link::cluster(nodes).await?, keys))
     }
 
     /// For a configuration: the cluster of `cluster_nodes` when there are any, else `url`.
@@ -272,12 +262,16 @@ impl RedisStore {
         cluster_nodes: &[String],
         keys: KeyLayout,
     ) -> Result<RedisStore, StoreError> {
-        let conn = Link::open(url, cluster_nodes).await?;
-        Ok(RedisStore {
+        Ok(RedisStore::on(Link::open(url, cluster_nodes).await?, keys))
+    }
+
+    /// A store of `keys` on the connection `conn`.
+    fn on(conn: Link, keys: KeyLayout) -> RedisStore {
+        RedisStore {
             keys,
             conn,
             ahead: Arc::default(),
-        })
+        }
     }
 
     /// The namespace's keys.

@@ -58,8 +58,7 @@ impl WallClock {
                 clock,
                 origin,
                 start_ms,
-            } => start_ms
-                .saturating_add(clock.now().saturating_duration_since(*origin).as_millis() as u64),
+            } => manual_ms(*start_ms, *origin, clock.now()),
         }
     }
 
@@ -86,8 +85,7 @@ impl WallClock {
                 let mono = clock.now();
                 Anchor {
                     mono,
-                    wall_ms: start_ms
-                        .saturating_add(mono.saturating_duration_since(*origin).as_millis() as u64),
+                    wall_ms: manual_ms(*start_ms, *origin, mono),
                 }
             }
         }
@@ -100,6 +98,12 @@ impl WallClock {
             Source::Manual { clock, .. } => Some(clock),
         }
     }
+}
+
+/// What a manual wall clock started at `start_ms` when its clock read `origin` reads when its
+/// clock reads `now`.
+fn manual_ms(start_ms: u64, origin: Instant, now: Instant) -> u64 {
+    start_ms.saturating_add(now.saturating_duration_since(origin).as_millis() as u64)
 }
 
 /// A wall time and the timer's `Instant` read together. The wall time is floored to the ms and
