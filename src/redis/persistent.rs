@@ -463,7 +463,7 @@ impl<S: TaskStore> Persistent<S> {
             topic: topic.into(),
             payload,
             attempt: 0,
-            created_at: self.inner.cfg.clock.now_ms(),
+            created_at: self.inner.cfg.clock.stamp_ms(),
             due_at,
         };
         self.schedule_envelope(envelope)

@@ -62,6 +62,18 @@ impl WallClock {
         }
     }
 
+    /// A time stamp for [`Envelope::created_at`](super::Envelope::created_at): like
+    /// [`now_ms`](Self::now_ms), but a system clock is read through the kernel's coarse
+    /// real-time clock where there is one (Linux), which may be up to one kernel tick (1 to
+    /// 10 ms) behind it and costs a fraction of a precise read. Nothing is timed against it.
+    pub(crate) fn stamp_ms(&self) -> u64 {
+        match &self.0 {
+            #[cfg(target_os = "linux")]
+            Source::System => coarse_ms(),
+            _ => self.now_ms(),
+        }
+    }
+
     /// Reads the wall clock and the timer's clock together, so that due times can be turned
     /// into timer deadlines later without reading either clock again.
     pub(crate) fn anchor(&self) -> Anchor {
@@ -97,6 +109,17 @@ impl WallClock {
             Source::System => None,
             Source::Manual { clock, .. } => Some(clock),
         }
+    }
+}
+
+/// `CLOCK_REALTIME_COARSE` in ms since the Unix epoch (0 before 1970).
+#[cfg(target_os = "linux")]
+fn coarse_ms() -> u64 {
+    use rustix::time::{clock_gettime, ClockId};
+    let t = clock_gettime(ClockId::RealtimeCoarse);
+    match u64::try_from(t.tv_sec) {
+        Ok(s) => s.saturating_mul(1_000) + (t.tv_nsec as u64) / 1_000_000,
+        Err(_) => 0,
     }
 }
 
@@ -164,6 +187,24 @@ mod tests {
             anchor.instant_of(1_000_200, Duration::ZERO),
             base.checked_sub(Duration::from_millis(50)).or(Some(base))
         );
+    }
+
+    #[test]
+    fn a_stamp_is_the_wall_time_to_a_kernel_tick() {
+        let system = WallClock::system();
+        for _ in 0..1_000 {
+            let before = system.now_ms();
+            let stamp = system.stamp_ms();
+            let after = system.now_ms();
+            // Coarse: never ahead of the precise clock, behind it by at most a kernel tick
+            // (CONFIG_HZ 100 makes that 10 ms).
+            assert!(stamp <= after, "stamp {stamp} after {after}");
+            assert!(stamp + 10 >= before, "stamp {stamp} far behind {before}");
+        }
+        let clock = ManualClock::new();
+        let manual = WallClock::manual(&clock, 5_000);
+        clock.advance(Duration::from_millis(3));
+        assert_eq!(manual.stamp_ms(), 5_003);
     }
 
     #[test]
