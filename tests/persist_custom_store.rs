@@ -331,6 +331,40 @@ fn restore_waits_for_the_removals_of_a_round_in_flight() {
     p.shutdown();
 }
 
+/// A removal journaled before a restore began, and taken by a round after it began: the
+/// restore may read the row before the removal lands, and must not load it.
+#[test]
+fn restore_does_not_load_a_task_whose_removal_a_round_took_meanwhile() {
+    let store = stored((0..10).map(|i| format!("t{i}")));
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    assert_eq!(p.restore(100).unwrap().loaded, 10);
+    assert!(p.cancel("t9"));
+    store.rows_paused.store(true, SeqCst);
+    store.paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(5));
+        // The second page, read with t9 still stored, is held back...
+        wait_until("the second page to be read", || {
+            store.rows_waiting.load(SeqCst) > 0
+        });
+        // ...while a round takes t9's removal out of the journal and is stuck writing it.
+        assert!(!p.flush(Duration::from_millis(20)));
+        wait_until("the removal's write to start", || {
+            store.waiting.load(SeqCst) > 0
+        });
+        store.rows_paused.store(false, SeqCst);
+        restore.join().unwrap().unwrap();
+    });
+    store.paused.store(false, SeqCst);
+    assert!(!p.contains("t9"), "the cancelled task came back");
+    assert_eq!(p.len(), 9);
+    assert!(p.flush(PATIENCE));
+    assert!(!store.ids().contains("t9"));
+    p.shutdown();
+}
+
 /// A store holding tasks `ids`, an hour away, written by an engine that has shut down.
 fn stored(ids: impl Iterator<Item = String>) -> MemStore {
     let store = MemStore::default();

@@ -154,6 +154,7 @@ fn take_round(inner: &Inner) -> Round {
         index,
         journal,
         restoring,
+        gone,
         ..
     } = &mut *state;
     metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
@@ -173,6 +174,15 @@ fn take_round(inner: &Inner) -> Round {
             .collect();
         journal.in_round = true;
         return Round::Snapshot(all);
+    }
+    if *restoring > 0 {
+        // The removals this round takes leave the journal before they reach the store: a
+        // restore running now may read their rows meanwhile, and must not load them.
+        for (id, change) in &journal.ops {
+            if matches!(change, Change::Remove) {
+                gone.insert(id.clone(), ());
+            }
+        }
     }
     // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
     journal.in_round = true;

@@ -236,8 +236,9 @@ pub(super) struct State {
     /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
     /// over the rows they have not read yet.
     pub(super) restoring: usize,
-    /// Ids cancelled or acknowledged while a restore runs: it must not load them again from a
-    /// page read before their removal reached the store (a scan may also return a row twice).
+    /// Ids cancelled or acknowledged while a restore runs, or whose removal a flush round took
+    /// out of the journal meanwhile: it must not load them again from a page read before their
+    /// removal reached the store (a scan may also return a row twice).
     /// Emptied when the last restore ends.
     pub(super) gone: Ids<()>,
     pub(super) journal: Journal,
