@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::envelope::Envelope;
-use super::persistent::{Ids, Inner, State};
+use super::persistent::{Ids, Inner, State, TaskKey};
 use super::store::{Op, StoreError};
 use super::task_store::TaskStore;
 
@@ -64,7 +64,7 @@ pub(super) struct Journal {
 impl Journal {
     /// Records `change` for `id`, replacing (and returning) any earlier unflushed change to
     /// that id.
-    pub(super) fn record(&mut self, id: Arc<str>, change: Change) -> Option<Change> {
+    pub(super) fn record(&mut self, id: TaskKey, change: Change) -> Option<Change> {
         self.changed();
         self.ops.insert(id, change)
     }
@@ -79,7 +79,7 @@ impl Journal {
     /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
     /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
     /// window, it costs no Redis command at all.
-    pub(super) fn remove(&mut self, id: Arc<str>, persisted: bool) {
+    pub(super) fn remove(&mut self, id: TaskKey, persisted: bool) {
         match self.ops.entry(id) {
             MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert(_)) => {
                 slot.remove();
@@ -98,8 +98,8 @@ impl Journal {
 /// read only once the ones before are on their way. A change to an id made meanwhile is in
 /// the journal for the next round; an upsert whose task is gone since is skipped (its cancel
 /// or ack journaled the removal, or nothing at all for a task the store never held).
-fn resolve(inner: &Inner, changes: &[(Arc<str>, Change)]) -> Vec<Op> {
-    let writes: Vec<Result<Arc<Envelope>, &Arc<str>>> = {
+fn resolve(inner: &Inner, changes: &[(TaskKey, Change)]) -> Vec<Op> {
+    let writes: Vec<Result<Arc<Envelope>, &TaskKey>> = {
         let mut state = inner.state.lock();
         changes
             .iter()
@@ -116,7 +116,7 @@ fn resolve(inner: &Inner, changes: &[(Arc<str>, Change)]) -> Vec<Op> {
         .into_iter()
         .filter_map(|w| match w {
             Ok(envelope) => upsert_op(&envelope),
-            Err(id) => Some(Op::Remove(id.to_string())),
+            Err(id) => Some(Op::Remove(id.id().to_owned())),
         })
         .collect()
 }
@@ -282,7 +282,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             Round::Journal(changes, oldest) => {
                 // In due order, so each batch touches one stretch of the ZSET (removals last):
                 // Redis takes a sorted stream about a third faster. Sorted with no lock held.
-                let mut changes: Vec<(Arc<str>, Change)> = changes.into_iter().collect();
+                let mut changes: Vec<(TaskKey, Change)> = changes.into_iter().collect();
                 changes.sort_unstable_by_key(|(_, change)| change.due_at());
                 // Read from the index and encoded batch by batch, while the batches before
                 // are in flight.
@@ -314,7 +314,14 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         // Built and failed, or never built: (id, whether it wrote the task).
                         let again = failed
                             .iter()
-                            .map(|op| (Arc::from(op.id()), matches!(op, Op::Upsert { .. })))
+                            .map(|op| {
+                                let key = index
+                                    .get_key_value(op.id())
+                                    .map_or_else(|| TaskKey::bare(op.id()), |(key, _)| key.clone());
+                                (key, matches!(op, Op::Upsert { .. }))
+                            })
+                            .collect::<Vec<_>>()
+                            .into_iter()
                             .chain(unsent.iter().map(|(id, change)| {
                                 (id.clone(), matches!(change, Change::Upsert(_)))
                             }));

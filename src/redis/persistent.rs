@@ -220,10 +220,62 @@ pub(super) struct Entry {
     pub(super) persisted: bool,
 }
 
-/// Maps keyed by task id: ids are shared (`Arc<str>`) between the index, the journal and the
-/// timer, and hashed with foldhash (seeded per process, so ids chosen by a client cannot
-/// collide on purpose).
-pub(super) type Ids<V> = HashMap<Arc<str>, V, foldhash::fast::RandomState>;
+/// A task id as a map key and timer value: the task's envelope, shared. The key and the
+/// envelope are one allocation, and the index, the journal and the timer share it by reference
+/// count (an id of its own cost a fifth of a persistent schedule's time here). It hashes and
+/// compares as its id, so maps keyed by it are looked up by `&str`.
+#[derive(Clone)]
+pub(super) struct TaskKey(Arc<Envelope>);
+
+impl TaskKey {
+    /// The key of `envelope`.
+    pub(super) fn of(envelope: &Arc<Envelope>) -> TaskKey {
+        TaskKey(envelope.clone())
+    }
+
+    /// A key for an id whose envelope is not held (a failed removal, journaled again).
+    pub(super) fn bare(id: &str) -> TaskKey {
+        TaskKey(Arc::new(Envelope {
+            id: id.to_owned(),
+            topic: String::new(),
+            payload: serde_json::Value::Null,
+            attempt: 0,
+            created_at: 0,
+            due_at: 0,
+        }))
+    }
+
+    pub(super) fn id(&self) -> &str {
+        &self.0.id
+    }
+}
+
+impl std::borrow::Borrow<str> for TaskKey {
+    fn borrow(&self) -> &str {
+        self.id()
+    }
+}
+
+impl std::hash::Hash for TaskKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As `str` hashes: `Borrow<str>` lookups must find it.
+        self.id().hash(state);
+    }
+}
+
+impl PartialEq for TaskKey {
+    fn eq(&self, other: &TaskKey) -> bool {
+        self.id() == other.id()
+    }
+}
+
+impl Eq for TaskKey {}
+
+/// Maps keyed by task id, hashed with foldhash (seeded per process, so ids chosen by a client
+/// cannot collide on purpose). A key may hold an older version of its task than the index's
+/// entry (the journal keeps the key of the first change in a flush window): only its id is
+/// read through it.
+pub(super) type Ids<V> = HashMap<TaskKey, V, foldhash::fast::RandomState>;
 
 /// Everything the callers and the flusher share, under `Inner::state`.
 pub(super) struct State {
@@ -246,7 +298,7 @@ pub(super) struct State {
 
 impl State {
     /// Notes that `id` left the index, for the restores in progress.
-    fn mark_gone(&mut self, id: &Arc<str>) {
+    fn mark_gone(&mut self, id: &TaskKey) {
         if self.restoring > 0 {
             self.gone.insert(id.clone(), ());
         }
@@ -319,7 +371,7 @@ impl Inner {
 /// The store is Redis unless [`with_store`](Self::with_store) is given another [`TaskStore`].
 pub struct Persistent<S: TaskStore = RedisStore> {
     inner: Arc<Inner>,
-    timer: Timer<Arc<str>>,
+    timer: Timer<TaskKey>,
     flusher: Mutex<Option<JoinHandle<()>>>,
     store: S,
     rt: Arc<OwnedRuntime>,
@@ -408,7 +460,7 @@ impl<S: TaskStore> Persistent<S> {
         });
         let fire = {
             let inner = inner.clone();
-            move |e: crate::Expiration<Arc<str>>| deliver(&inner, &tx, &e.value, e.id)
+            move |e: crate::Expiration<TaskKey>| deliver(&inner, &tx, e.value.id(), e.id)
         };
         let mut builder = Timer::builder();
         if let Some(clock) = inner.cfg.clock.manual_clock() {
@@ -478,8 +530,8 @@ impl<S: TaskStore> Persistent<S> {
             return Err(PersistError::Envelope(e, Box::new(envelope)));
         }
         // Allocated before the lock is taken.
-        let id: Arc<str> = Arc::from(envelope.id.as_str());
         let envelope = Arc::new(envelope);
+        let id = TaskKey::of(&envelope);
         // WriteThrough's whole wait (for room, then for Redis) ends here, if it has a timeout.
         let deadline = match self.inner.cfg.durability {
             Durability::WriteThrough => self
@@ -518,16 +570,20 @@ impl<S: TaskStore> Persistent<S> {
             timer: Some(timer),
             persisted: stored,
         };
-        match index.entry(id) {
+        match index.entry(id.clone()) {
             MapEntry::Vacant(slot) => {
                 slot.insert(entry);
             }
-            MapEntry::Occupied(mut slot) => {
-                let old = std::mem::replace(slot.get_mut(), entry);
+            MapEntry::Occupied(slot) => {
+                // Replaced with its key, which is the old envelope: keeping it would keep the
+                // old payload alive as long as the task.
+                let mut entry = entry;
+                let old = slot.remove();
                 if let Some(t) = old.timer {
                     self.timer.cancel(t);
                 }
-                slot.get_mut().persisted |= old.persisted;
+                entry.persisted |= old.persisted;
+                index.insert(id, entry);
             }
         }
         if let Some(envelope) = kept {
@@ -546,7 +602,7 @@ impl<S: TaskStore> Persistent<S> {
 
     /// Arms the timer of task `id` for wall time `due_at` plus `extra`, read against `anchor`.
     /// `None` once the timer has shut down.
-    fn arm(&self, id: Arc<str>, anchor: &Anchor, due_at: u64, extra: Duration) -> Option<TimerId> {
+    fn arm(&self, id: TaskKey, anchor: &Anchor, due_at: u64, extra: Duration) -> Option<TimerId> {
         match anchor.instant_of(due_at, extra) {
             Some(at) => self.timer.schedule_at(id, at),
             // Past what an `Instant` holds: as far as the timer reaches.
@@ -732,15 +788,16 @@ impl<S: TaskStore> Persistent<S> {
                         ),
                     }
                 };
-                let id: Arc<str> = Arc::from(envelope.id.as_str());
                 let due = envelope.due_at.max(now);
+                let envelope = Arc::new(envelope);
+                let id = TaskKey::of(&envelope);
                 let Some(timer) = self.arm(id.clone(), &anchor, due, extra) else {
-                    return Err(PersistError::Shutdown(Box::new(envelope)));
+                    return Err(PersistError::Shutdown(unshare(envelope)));
                 };
                 state.index.insert(
                     id,
                     Entry {
-                        envelope: Arc::new(envelope),
+                        envelope,
                         timer: Some(timer),
                         persisted: true,
                     },
@@ -914,5 +971,54 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::{Broken, Op, Rows};
+
+    /// A store that takes every write.
+    #[derive(Clone)]
+    struct Accept;
+
+    impl TaskStore for Accept {
+        async fn apply(&self, _: &[Op]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn rows(&self, _: u64, _: usize) -> Result<Rows, StoreError> {
+            Ok(Rows::default())
+        }
+        async fn dead_letter(&self, _: &[Broken], _: u64) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn replace_all(&self, _: &[Op]) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    /// The index is keyed by the envelope itself: a task scheduled again must leave nothing
+    /// holding its old envelope (payloads can be 64 KiB), and the key names the current one.
+    #[test]
+    fn a_replaced_task_keeps_no_reference_to_its_old_envelope() {
+        let (p, _fired) =
+            Persistent::with_store(PersistConfig::new("unused://", "unused"), Accept).unwrap();
+        let far = now_ms() + 3_600_000;
+        let key_of = |p: &Persistent<Accept>| {
+            let state = p.inner.state.lock();
+            let (key, entry) = state.index.get_key_value("a").unwrap();
+            assert!(Arc::ptr_eq(&key.0, &entry.envelope));
+            key.0.clone()
+        };
+        p.schedule("a", "t", serde_json::json!(1), far).unwrap();
+        assert!(p.flush(Duration::from_secs(10)));
+        let old = key_of(&p);
+        p.schedule("a", "t", serde_json::json!(2), far).unwrap();
+        assert!(p.flush(Duration::from_secs(10)));
+        assert_eq!(Arc::strong_count(&old), 1, "the old envelope is still held");
+        assert_eq!(key_of(&p).payload, serde_json::json!(2));
+        assert!(p.cancel("a"));
+        p.shutdown();
     }
 }
