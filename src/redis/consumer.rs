@@ -485,7 +485,7 @@ fn fire(shared: &Shared, c: Claimed) {
     metrics::histogram!("delaywheel_queue_lateness_seconds").record(late_us as f64 / 1e6);
     shared.counters.fired.fetch_add(1, Relaxed);
     metrics::counter!("delaywheel_queue_fired_total").increment(1);
-    let result = match shared.handlers.map.get(&c.envelope.topic) {
+    let result = match shared.handlers.map.get(c.envelope.topic.as_ref()) {
         Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h(&c.envelope)))
             .unwrap_or_else(|_| Err("handler panicked".into())),
         None => Err(format!("unknown topic: {}", c.envelope.topic).into()),

@@ -1,5 +1,6 @@
 //! The task envelope of design note 000: what is stored for each pending task.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -14,8 +15,9 @@ pub const MAX_DUE_MS: u64 = (1 << 53) - 1;
 pub struct Envelope {
     /// Stable, user-chosen id; scheduling an id again replaces the task.
     pub id: String,
-    /// Which handler the task goes to.
-    pub topic: String,
+    /// Which handler the task goes to. Usually a constant: a `&'static str` is held without a
+    /// copy (a `String` works too).
+    pub topic: Cow<'static, str>,
     /// The user's data.
     pub payload: serde_json::Value,
     /// Deliveries tried so far.
@@ -114,7 +116,7 @@ impl Envelope {
         let empty = *EMPTY.get_or_init(|| {
             let empty = Envelope {
                 id: String::new(),
-                topic: String::new(),
+                topic: Cow::Borrowed(""),
                 payload: serde_json::Value::Null,
                 attempt: 0,
                 created_at: 0,
@@ -246,7 +248,7 @@ mod tests {
             created_at: u64,
             due_at in 0..=MAX_DUE_MS,
         ) {
-            let e = Envelope { id, topic, payload, attempt, created_at, due_at };
+            let e = Envelope { id, topic: topic.into(), payload, attempt, created_at, due_at };
             // The payload's own bound, without the envelope's slack.
             let payload = serde_json::to_vec(&e.payload).unwrap().len();
             prop_assert!(json_bound(&e.payload) >= payload);

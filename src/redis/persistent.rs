@@ -237,7 +237,7 @@ impl TaskKey {
     pub(super) fn bare(id: &str) -> TaskKey {
         TaskKey(Arc::new(Envelope {
             id: id.to_owned(),
-            topic: String::new(),
+            topic: std::borrow::Cow::Borrowed(""),
             payload: serde_json::Value::Null,
             attempt: 0,
             created_at: 0,
@@ -507,7 +507,7 @@ impl<S: TaskStore> Persistent<S> {
     pub fn schedule(
         &self,
         id: impl Into<String>,
-        topic: impl Into<String>,
+        topic: impl Into<std::borrow::Cow<'static, str>>,
         payload: serde_json::Value,
         due_at: u64,
     ) -> Result<(), PersistError> {

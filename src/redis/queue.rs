@@ -396,7 +396,7 @@ impl Producer {
     pub async fn enqueue(
         &self,
         id: impl Into<String>,
-        topic: impl Into<String>,
+        topic: impl Into<std::borrow::Cow<'static, str>>,
         payload: serde_json::Value,
         when: When,
     ) -> Result<bool, QueueError> {

@@ -75,7 +75,9 @@ pub fn enqueue_all(
 ) {
     rt.block_on(async {
         let results: Vec<_> = futures_util::stream::iter(tasks)
-            .map(|(id, due)| p.enqueue(id, topic, serde_json::Value::Null, When::At(due)))
+            .map(|(id, due)| {
+                p.enqueue(id, topic.to_owned(), serde_json::Value::Null, When::At(due))
+            })
             .buffer_unordered(64)
             .collect()
             .await;
