@@ -138,7 +138,9 @@ impl Sleeper {
         }
     }
 
-    /// Runs `future` with a deadline `delay` from now.
+    /// Runs `future` with a deadline `delay` from now. It resolves to the future's output, to
+    /// [`TimeoutError::Elapsed`] at the deadline, or to [`TimeoutError::Shutdown`] if the
+    /// engine shuts down first (then the future is not polled again).
     pub fn timeout<F: Future>(&self, delay: Duration, future: F) -> Timeout<F> {
         Timeout {
             future,

@@ -21,8 +21,8 @@ pub struct Stats {
     /// Timers taken out of the wheel because they were due.
     pub fired: u64,
     /// Lateness of fired timers: the time each was handed to the delivery − its deadline
-    /// (rounded up to the tick). Taken before any wait for a full channel or queue, so it
-    /// measures the engine, not the consumer.
+    /// (rounded up to the tick). Read as each is handed over, before its own send: a full
+    /// channel or queue that held up earlier timers of the same turn makes it late too.
     pub lateness: Lateness,
 }
 

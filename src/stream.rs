@@ -53,7 +53,8 @@ impl<T> Stream for ExpirationStream<T> {
 impl<T: Send + 'static> TimerBuilder<T> {
     /// Builds an engine whose expirations are read as an async [`ExpirationStream`], through a
     /// queue of `bound` expirations (backpressure as for a bounded channel: the driver waits,
-    /// nothing is dropped). Only with the `tokio` feature.
+    /// nothing is dropped). Only with the `tokio` feature. A `bound` outside `1..=2^24` fails
+    /// with [`BuildError::Capacity`].
     pub fn build_stream(self, bound: usize) -> Result<(Timer<T>, ExpirationStream<T>), BuildError> {
         let (tx, rx) = crossbeam_channel::bounded(crate::error::capacity(bound)?);
         let waker = Arc::new(AtomicWaker::new());

@@ -93,12 +93,43 @@ pub(crate) struct Core<T> {
     turn_buf: Mutex<Vec<(u32, Expired<T>)>>,
 }
 
+impl<T> Drop for Core<T> {
+    fn drop(&mut self) {
+        // A stop from within a turn leaves the sink open: whoever drops the engine last closes
+        // it, so that a stream ends (its task is woken) and pool workers finish.
+        if let Some(sink) = self.sink.get_mut().take() {
+            sink.close();
+        }
+    }
+}
+
 /// The most expirations a turn's buffer keeps room for between turns.
 const TURN_BUF_KEEP: usize = 4_096;
 
 thread_local! {
     /// The shard this thread last scheduled into (see `Core::lock_for_insert`).
     static SHARD_HINT: Cell<u32> = const { Cell::new(u32::MAX) };
+
+    /// The engine (its `Core`'s address) whose turn this thread is in, 0 if none: a delivery
+    /// (a waker, an inline callback) that calls back into that engine must not take the
+    /// turn's locks again (`stop`, `fire_due`).
+    static IN_TURN: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks this thread as in a turn of one engine until dropped (turns of two engines can nest:
+/// a waker of one may call the other's `fire_due`).
+struct TurnMark(usize);
+
+impl TurnMark {
+    fn enter(core: usize) -> TurnMark {
+        TurnMark(IN_TURN.with(|t| t.replace(core)))
+    }
+}
+
+impl Drop for TurnMark {
+    fn drop(&mut self) {
+        IN_TURN.with(|t| t.set(self.0));
+    }
 }
 
 impl<T> Core<T> {
@@ -180,10 +211,21 @@ impl<T> Core<T> {
         })
     }
 
+    /// This engine's address, as `IN_TURN` holds it.
+    fn addr(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// Whether this thread is delivering a turn of this engine (so holds its `turn_buf`).
+    fn in_turn(&self) -> bool {
+        IN_TURN.with(Cell::get) == self.addr()
+    }
+
     /// Collects every due timer, delivers them with no shard lock held, and returns the
     /// earliest pending deadline tick.
     pub(crate) fn turn(&self) -> (usize, Option<u64>) {
         let mut buf = self.turn_buf.lock();
+        let _mark = TurnMark::enter(self.addr());
         let now_tick = self.ticks.now_tick(self.clock.now());
         let mut next: Option<u64> = None;
         for (i, shard) in self.shards.iter().enumerate() {
@@ -233,7 +275,15 @@ impl<T> Core<T> {
                 None => Err(exp),
             };
             if let Err(exp) = result {
-                self.undelivered.lock().push(exp);
+                let mut undelivered = self.undelivered.lock();
+                if undelivered.is_empty() && !self.stopping.load(SeqCst) {
+                    // Kept for `shutdown` to hand back, so they pile up until then.
+                    tracing::warn!(
+                        "the receiving side of the delivery is gone: expirations are kept \
+                         until shutdown() hands them back"
+                    );
+                }
+                undelivered.push(exp);
             }
         }
         // A burst's buffer is not kept for the life of the engine.
@@ -313,10 +363,13 @@ impl<T> Handle<T> {
         if let Some(driver) = driver {
             driver.unpark();
         }
-        if driver.is_some_and(|d| d.id() == std::thread::current().id()) {
-            // Called from a delivery on the driver thread (a waker that shuts down, or drops
-            // its task and with it the last handle): that turn holds `turn_buf` and `sink`,
-            // and delivers the rest of what it collected. The driver stops after it.
+        if core.in_turn() || driver.is_some_and(|d| d.id() == std::thread::current().id()) {
+            // Called from a delivery of this engine's turn (a waker that shuts down, or drops
+            // its task and with it the last handle), on the driver thread or in a caller's
+            // `fire_due`: that turn holds `turn_buf` and `sink`, and hands over the rest of
+            // what it collected, or leaves it in `undelivered` for the next `shutdown`. The
+            // driver stops after it; the sink is closed by a later stop, or when the engine
+            // is dropped.
             return self.take_pending();
         }
         let (sink, out) = {
@@ -334,15 +387,18 @@ impl<T> Handle<T> {
         out
     }
 
-    /// Takes every timer out of the shards and every expiration that could not be handed
-    /// over; the first call only (later ones find nothing).
+    /// Takes every timer out of the shards (the first call only: none are added after it) and
+    /// every expiration that could not be handed over (every call: a turn a delivery stopped
+    /// from within may add some after the first).
     fn take_pending(&self) -> Vec<Pending<T>> {
         let core = &self.core;
         let mut out = Vec::new();
-        if core.stopped.swap(true, SeqCst) {
-            return out;
-        }
-        for (i, shard) in core.shards.iter().enumerate() {
+        let shards: &[Shard<T>] = if core.stopped.swap(true, SeqCst) {
+            &[]
+        } else {
+            &core.shards
+        };
+        for (i, shard) in shards.iter().enumerate() {
             let mut s = shard.lock();
             out.extend(s.wheel.drain().map(|e| Pending {
                 id: TimerId {
@@ -423,7 +479,9 @@ impl<T: Send + 'static> Timer<T> {
     pub fn builder() -> TimerBuilder<T> {
         TimerBuilder {
             tick: Duration::from_millis(1),
-            shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            shards: std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(MAX_SHARDS),
             layout: Layout::default(),
             clock: Clock::Monotonic,
             lateness_warn: Duration::from_millis(10),
@@ -500,8 +558,13 @@ impl<T> Timer<T> {
     /// [`TimerBuilder::manual_driver`] this is the only way timers fire; with the driver thread
     /// it is harmless (turns take a lock, so they never overlap). Like the driver, it waits
     /// while a bounded channel or callback queue is full: do not call it from the thread that
-    /// reads that channel, or from a callback of a one-worker pool.
+    /// reads that channel, or from callbacks while every worker of the pool is busy. Called
+    /// from a delivery of this engine's own turn (a waker), it returns 0 at once: that turn is
+    /// still delivering.
     pub fn fire_due(&self) -> usize {
+        if self.core.in_turn() {
+            return 0;
+        }
         self.core.turn().0
     }
 
@@ -570,13 +633,16 @@ impl<T> fmt::Debug for TimerBuilder<T> {
 }
 
 impl<T: Send + 'static> TimerBuilder<T> {
-    /// The tick length (default 1 ms): deadlines round up to it. Zero is refused at build.
+    /// The tick length (default 1 ms): deadlines round up to it. Zero is refused at build
+    /// ([`BuildError::ZeroTick`]); a tick is at most `u64::MAX` ns (about 584 years), longer ones
+    /// are clamped to that.
     pub fn tick(mut self, tick: Duration) -> Self {
         self.tick = tick;
         self
     }
 
-    /// The number of shards (default: available cores). Must be in `1..=65536`.
+    /// The number of shards (default: the available cores, at most 1 024). Outside `1..=1024`
+    /// the build fails with [`BuildError::Shards`].
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards;
         self
@@ -610,7 +676,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
 
     /// Builds an engine that sends expirations to a crossbeam channel: bounded to `bound`
     /// (backpressure: the driver waits while it is full, and never drops a timer) or unbounded
-    /// with `None`.
+    /// with `None`. A `bound` outside `1..=2^24` fails with [`BuildError::Capacity`].
     pub fn build_channel(
         self,
         bound: Option<usize>,
@@ -624,6 +690,8 @@ impl<T: Send + 'static> TimerBuilder<T> {
 
     /// Builds an engine that runs `callback` for each expiration on a pool of `workers`
     /// threads, fed by a queue of `queue` expirations (backpressure as for a bounded channel).
+    /// `workers` outside `1..=1024` fails with [`BuildError::Workers`], `queue` outside
+    /// `1..=2^24` with [`BuildError::Capacity`].
     /// A slow callback holds up only its own worker; a panicking one is logged and the worker
     /// carries on. A callback that holds a clone of the returned `Timer` keeps the engine
     /// alive (dropping the other handles does not stop it): call [`Timer::shutdown`].

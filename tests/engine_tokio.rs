@@ -160,3 +160,85 @@ fn a_panicking_waker_does_not_stop_the_driver() {
         "the driver died with the first waker"
     );
 }
+
+/// A waker that shuts its engine down when woken, keeping what `shutdown` hands back.
+struct ShutdownOnWake {
+    timer: parking_lot::Mutex<Option<Timer<&'static str>>>,
+    returned: parking_lot::Mutex<Vec<&'static str>>,
+}
+
+impl std::task::Wake for ShutdownOnWake {
+    fn wake(self: std::sync::Arc<Self>) {
+        if let Some(timer) = self.timer.lock().take() {
+            let back = timer.shutdown();
+            self.returned
+                .lock()
+                .extend(back.into_iter().map(|p| p.value));
+        }
+    }
+}
+
+/// Three timers due at once into a stream that holds one, whose waker shuts the engine down
+/// from inside the turn delivering them. The turn is a caller's `fire_due` (manual driver) or
+/// the driver thread's. Neither hangs, and every timer ends exactly once: read from the stream,
+/// or handed back by one `shutdown` or the other.
+fn shutdown_from_a_stream_waker(manual_driver: bool) {
+    use std::sync::Arc;
+    use std::task::{Context, Waker};
+
+    let clock = delaywheel::ManualClock::new();
+    let mut builder = Timer::builder().manual_clock(&clock);
+    if manual_driver {
+        builder = builder.manual_driver();
+    }
+    let (timer, mut stream) = builder.build_stream(1).unwrap();
+    for name in ["a", "b", "c"] {
+        timer.schedule(name, 10 * MS).unwrap();
+    }
+    let wake = Arc::new(ShutdownOnWake {
+        timer: parking_lot::Mutex::new(Some(timer.clone())),
+        returned: parking_lot::Mutex::new(Vec::new()),
+    });
+    let waker = Waker::from(wake.clone());
+    let mut cx = Context::from_waker(&waker);
+    assert!(stream.poll_next_unpin(&mut cx).is_pending());
+    clock.advance(10 * MS);
+    if manual_driver {
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let turn = timer.clone();
+        std::thread::spawn(move || done_tx.send(turn.fire_due()).unwrap());
+        assert_eq!(
+            done_rx.recv_timeout(Duration::from_secs(10)),
+            Ok(3),
+            "fire_due hung: the waker's shutdown waited for the turn it was called from"
+        );
+    } else {
+        let start = Instant::now();
+        while wake.timer.lock().is_some() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never woken");
+            std::thread::sleep(MS);
+        }
+    }
+    let mut ended: Vec<&str> = timer.shutdown().into_iter().map(|p| p.value).collect();
+    ended.extend(wake.returned.lock().iter().copied());
+    while let std::task::Poll::Ready(Some(e)) = stream.poll_next_unpin(&mut cx) {
+        ended.push(e.value);
+    }
+    ended.sort_unstable();
+    assert_eq!(ended, ["a", "b", "c"], "each timer ends exactly once");
+    // The stream ends: the engine is shut down and everything delivered was read.
+    assert!(matches!(
+        stream.poll_next_unpin(&mut cx),
+        std::task::Poll::Ready(None)
+    ));
+}
+
+#[test]
+fn shutdown_from_a_stream_waker_inside_fire_due() {
+    shutdown_from_a_stream_waker(true);
+}
+
+#[test]
+fn shutdown_from_a_stream_waker_on_the_driver_thread() {
+    shutdown_from_a_stream_waker(false);
+}
