@@ -319,6 +319,91 @@ fn poison_tasks_are_dead_lettered_with_reasons_and_the_consumer_goes_on() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// An envelope whose attempt count is already at its maximum (a client may enqueue any count)
+/// fails once more and is dead-lettered: the count saturates instead of overflowing, which
+/// panicked and left the task leased to this consumer for good.
+#[test]
+fn an_attempt_count_at_its_maximum_is_dead_lettered() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("worn", |_| {});
+    let envelope = delaywheel::redis::Envelope {
+        id: "worn".into(),
+        topic: "nobody.listens".into(),
+        payload: serde_json::Value::Null,
+        attempt: u32::MAX,
+        created_at: now_ms(),
+        due_at: now_ms(),
+    };
+    assert!(rt.block_on(p.enqueue_envelope(envelope, false)).unwrap());
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "good")).unwrap();
+    wait_until("the dead letter", || c.stats().dead_lettered == 1);
+    let dead = rt.block_on(p.dead_letters(10)).unwrap();
+    assert_eq!((dead[0].id.as_str(), dead[0].attempt), ("worn", u32::MAX));
+    assert_eq!(dead[0].reason, "unknown topic: nobody.listens");
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// An enqueue that Redis does not take hands the envelope back, payload and all.
+#[test]
+fn an_enqueue_redis_fails_hands_the_envelope_back() {
+    let Fixture {
+        mut server, rt, p, ..
+    } = fixture("gone", |_| {});
+    server.kill();
+    let envelope = delaywheel::redis::Envelope {
+        id: "order1".into(),
+        topic: "t".into(),
+        payload: serde_json::json!({"amount": 42}),
+        attempt: 0,
+        created_at: now_ms(),
+        due_at: now_ms() + 1_000,
+    };
+    match rt.block_on(p.enqueue_envelope(envelope.clone(), false)) {
+        Err(QueueError::NotEnqueued(_, back)) => assert_eq!(*back, envelope),
+        other => panic!("expected NotEnqueued with the envelope, got {other:?}"),
+    }
+}
+
+/// A shutdown while Redis hangs (every command paused) keeps to its timeout: the loops waiting
+/// on a reply are stopped, not waited for until Redis answers.
+#[test]
+fn shutdown_keeps_its_timeout_while_redis_hangs() {
+    let Fixture {
+        server,
+        rt: _rt,
+        cfg,
+        ..
+    } = fixture("hang", |_| {});
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "t")).unwrap();
+    wait_until("a first claim", || c.stats().claims > 0);
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(6_000)
+        .arg("ALL")
+        .query::<()>(&mut conn)
+        .unwrap();
+    // Long enough for the next claim (every second) and reap to be waiting on Redis.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let start = Instant::now();
+    let result = c.shutdown(Duration::from_millis(200));
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "shutdown(200 ms) took {took:?} while Redis hung"
+    );
+    assert!(result.is_ok(), "nothing was held to hand back: {result:?}");
+}
+
 #[test]
 fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     let Fixture {

@@ -350,6 +350,14 @@ fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::Run);
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::InProgress);
         dedup.finish("o1").await.unwrap();
+        // "Forever" is a duration Redis takes (a wrapped or past-range expiry is refused, or
+        // lapses at once and lets a duplicate run).
+        let forever = Dedup::connect(&server.url(), "orders", Duration::MAX, Duration::MAX)
+            .await
+            .unwrap();
+        assert_eq!(forever.begin("f1").await.unwrap(), Begin::Run);
+        forever.finish("f1").await.unwrap();
+        assert_eq!(forever.begin("f1").await.unwrap(), Begin::AlreadyDone);
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::AlreadyDone);
         // A failed attempt gives the task back at once; `abandon` never undoes `done`.
         assert_eq!(dedup.begin("o2").await.unwrap(), Begin::Run);

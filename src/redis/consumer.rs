@@ -31,6 +31,7 @@ use super::layout::KeyLayout;
 use super::persistent::now_ms;
 use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
 use super::scripts;
+use super::store::StoreError;
 use crate::{Timer, TimerId};
 
 /// Outcomes of fired tasks waiting for the resolver, at most.
@@ -172,8 +173,12 @@ struct Shared {
     aborted: AtomicBool,
 }
 
-/// A consumer of the shared queue. Start several, in one process or many; each task fires on
-/// exactly one of them while all live.
+/// A consumer of the shared queue. Start several, in one process or many. Delivery is
+/// at-least-once: a claimed task is leased to one consumer, which fires it; it fires again
+/// elsewhere if that consumer dies, stalls past its lease (with `renew_leases` off, or a
+/// backlog longer than the lease), or the task is enqueued again with `replace` while claimed
+/// (the old copy's ack is then refused). Handlers are to be idempotent ([`Dedup`](super::Dedup)
+/// helps).
 pub struct Consumer {
     shared: Arc<Shared>,
     timer: Timer<Claimed>,
@@ -316,16 +321,31 @@ impl Consumer {
     /// running and queued handlers finish within `timeout`, sends their acks, and stops. If
     /// the timeout passes first, queued handlers are not started (their tasks fire elsewhere
     /// after the lease), and the ones running finish on their own, unacknowledged: at-least-once,
-    /// they run again elsewhere after the lease. Returns how many tasks were handed back; `Err` if Redis could not take them
-    /// back (their leases expire and the reaper returns them instead).
+    /// they run again elsewhere after the lease. It returns within about `timeout` even while
+    /// Redis hangs (each hand-back call gets at least 100 ms). Returns how many tasks were
+    /// handed back; `Err` if Redis could not take them back in time (their leases expire and
+    /// the reaper returns them instead). A `timeout` past what an `Instant` holds waits as
+    /// long as it takes.
     pub fn shutdown(mut self, timeout: Duration) -> Result<usize, QueueError> {
-        let deadline = std::time::Instant::now() + timeout;
+        let now = std::time::Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
         let _ = self.stop.send(true);
         let Some(rt) = self.rt.take() else {
             return Ok(0);
         };
+        // The loops see `stop` between Redis calls: one waiting on a Redis that hangs is
+        // stopped at the deadline instead (the reply it waits for changes nothing that the
+        // lease and the reaper do not repair).
         for l in self.loops.drain(..) {
-            let _ = wait_on(&rt, l);
+            let abort = l.abort_handle();
+            let left = remaining(deadline);
+            if wait_on(&rt, async move { tokio::time::timeout(left, l).await })
+                .is_none_or(|r| r.is_err())
+            {
+                abort.abort();
+            }
         }
         // Take every unfired task out of the wheel. Entries whose timer already fired stay:
         // their handlers run (or wait in the pool's queue) and settle them.
@@ -341,7 +361,7 @@ impl Consumer {
                     true
                 }
             });
-        let (mut given, mut failure) = self.give_back(&rt, back);
+        let (mut given, mut failure) = self.give_back(&rt, back, deadline);
         // Handlers finish within the timeout; expirations the timer could not hand to them
         // come back from its shutdown and are handed back to the queue too.
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
@@ -349,7 +369,7 @@ impl Consumer {
         std::thread::spawn(move || {
             let _ = done_tx.send(timer.shutdown());
         });
-        match done_rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+        match done_rx.recv_timeout(remaining(deadline)) {
             Ok(undelivered) => {
                 let rest: Vec<_> = {
                     let mut held = self.shared.held.lock();
@@ -362,7 +382,7 @@ impl Consumer {
                         })
                         .collect()
                 };
-                let (g, f) = self.give_back(&rt, rest);
+                let (g, f) = self.give_back(&rt, rest, deadline);
                 given += g;
                 failure = failure.or(f);
             }
@@ -383,26 +403,26 @@ impl Consumer {
             let _ = f.send(());
         }
         if let Some(r) = self.resolver.take() {
-            let left = deadline
-                .saturating_duration_since(std::time::Instant::now())
-                .max(Duration::from_millis(100));
+            let left = remaining(deadline).max(Duration::from_millis(100));
             let _ = wait_on(&rt, async move { tokio::time::timeout(left, r).await });
         }
         drop(rt);
         tracing::debug!(consumer = %self.shared.id, given_back = given, "queue consumer stopped");
         match failure {
             None => Ok(given),
-            Some(e) => Err(QueueError::Store(e.into())),
+            Some(e) => Err(QueueError::Store(e)),
         }
     }
 
     /// Hands claimed tasks `(shard, id, owner, due)` back to the queue, [`PER_CALL`] per
-    /// script call.
+    /// script call, each call given until `deadline` (at least [`GIVE_BACK_FLOOR`]). After a
+    /// failure it stops: the rest are returned by the reaper after their lease.
     fn give_back(
         &self,
         rt: &tokio::runtime::Runtime,
         tasks: Vec<(u32, String, Arc<str>, u64)>,
-    ) -> (usize, Option<redis::RedisError>) {
+        deadline: std::time::Instant,
+    ) -> (usize, Option<StoreError>) {
         let by_shard = by_shard(
             tasks
                 .into_iter()
@@ -422,10 +442,20 @@ impl Consumer {
                     inv.arg(id.as_str()).arg(&**owner).arg(*due);
                 }
                 let conn = self.shared.conn.clone();
-                match wait_on(rt, async move { conn.run::<u64>(&inv).await }) {
-                    Some(Ok(n)) => given += n as usize,
-                    Some(Err(e)) => failure = Some(e),
-                    None => {}
+                let left = remaining(deadline).max(GIVE_BACK_FLOOR);
+                let run = async move { tokio::time::timeout(left, conn.run::<u64>(&inv)).await };
+                match wait_on(rt, run) {
+                    Some(Ok(Ok(n))) => given += n as usize,
+                    Some(Ok(Err(e))) => failure = Some(e.into()),
+                    Some(Err(_)) => {
+                        failure = Some(StoreError::new(
+                            "redis did not answer before the shutdown timeout",
+                        ))
+                    }
+                    None => failure = Some(StoreError::new("the runtime stopped")),
+                }
+                if failure.is_some() {
+                    return (given, failure);
                 }
             }
         }
@@ -502,7 +532,9 @@ fn fire(shared: &Shared, c: Claimed) {
             owner,
         },
         Err(e) => {
-            envelope.attempt += 1;
+            // Saturating: a client may enqueue any count, and a panic here would strand the task
+            // (its lease renewed, its outcome never sent).
+            envelope.attempt = envelope.attempt.saturating_add(1);
             let reason = e.to_string();
             let retry = &shared.cfg.retry;
             if envelope.attempt >= retry.max_attempts {
@@ -991,6 +1023,15 @@ async fn renew(shared: &Shared) {
 
 /// Tasks per script call when a consumer writes about many at once (hand-back, renewal).
 const PER_CALL: usize = 500;
+
+/// The least time a hand-back call at shutdown is given, even past the deadline: handing tasks
+/// back at once spares them a lease's wait.
+const GIVE_BACK_FLOOR: Duration = Duration::from_millis(100);
+
+/// The time left until `deadline` (zero once it has passed).
+fn remaining(deadline: std::time::Instant) -> Duration {
+    deadline.saturating_duration_since(std::time::Instant::now())
+}
 
 /// `(shard, task)` pairs grouped by shard: every script touches the keys of one shard.
 fn by_shard<T>(tasks: impl IntoIterator<Item = (u32, T)>) -> HashMap<u32, Vec<T>> {

@@ -48,7 +48,8 @@ impl fmt::Debug for Dedup {
 impl Dedup {
     /// Markers for namespace `ns` on the Redis at `url`: a `running` marker lives `lease`
     /// (longer than a handler takes), a `done` marker `keep` (longer than a task can be
-    /// redelivered). Durations below 1 ms count as 1 ms.
+    /// redelivered). Durations below 1 ms count as 1 ms, and above 2^62 ms (146 million years,
+    /// "forever") as 2^62 ms: Redis refuses an expiry past its clock's range.
     pub async fn connect(
         url: &str,
         ns: &str,
@@ -90,8 +91,13 @@ impl Dedup {
         format!("{}{id}", self.prefix)
     }
 
+    /// The longest expiry asked of Redis: it refuses one whose time would pass `i64::MAX` ms.
+    const MAX_MS: u64 = 1 << 62;
+
     fn ms(d: Duration) -> u64 {
-        (d.as_millis() as u64).max(1)
+        u64::try_from(d.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, Self::MAX_MS)
     }
 
     /// Claims task `id` for processing, atomically (`SET NX PX ... GET`).

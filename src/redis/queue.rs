@@ -255,6 +255,10 @@ pub enum QueueError {
     Store(StoreError),
     /// The envelope breaks a limit (size, due time, empty id).
     Envelope(EnvelopeError, Box<Envelope>),
+    /// Redis refused or failed an enqueue: the envelope is handed back. The task may be queued
+    /// all the same (a reply lost after the write); enqueueing it again is safe, as enqueue is
+    /// idempotent by id.
+    NotEnqueued(StoreError, Box<Envelope>),
     /// A dead-lettered entry is not a task envelope, so it cannot be requeued.
     NotAnEnvelope(String),
     /// A dead-lettered task cannot be requeued: a task with the same id is pending.
@@ -270,6 +274,9 @@ impl fmt::Display for QueueError {
             QueueError::Config(e) => write!(f, "bad queue setting: {e}"),
             QueueError::Store(e) => e.fmt(f),
             QueueError::Envelope(e, _) => e.fmt(f),
+            QueueError::NotEnqueued(e, envelope) => {
+                write!(f, "task {:?} not enqueued: {e}", envelope.id)
+            }
             QueueError::NotAnEnvelope(id) => {
                 write!(f, "dead-lettered entry {id} holds no task envelope")
             }
@@ -413,7 +420,8 @@ impl Producer {
 
     /// Enqueues a complete envelope. With `replace`, a pending task of the same id is replaced
     /// (a consumer that had claimed it can no longer ack it); without, it is kept and
-    /// `Ok(false)` is returned.
+    /// `Ok(false)` is returned. Errors hand the envelope back: [`QueueError::Envelope`] for one
+    /// that breaks a limit, [`QueueError::NotEnqueued`] when Redis fails.
     pub async fn enqueue_envelope(
         &self,
         envelope: Envelope,
@@ -439,7 +447,7 @@ impl Producer {
             .arg(envelope.due_at);
         match self.conn.run::<i64>(&inv).await {
             Ok(n) => Ok(n == 1),
-            Err(e) => Err(QueueError::Store(e.into())),
+            Err(e) => Err(QueueError::NotEnqueued(e.into(), Box::new(envelope))),
         }
     }
 
