@@ -640,8 +640,7 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(cfg.batch.min(room))
         .arg(shared.id.as_str())
-        .arg(cfg.lease.as_millis() as u64)
-        .arg(now);
+        .arg(cfg.lease.as_millis() as u64);
     let reply: Vec<Vec<u8>> = shared.conn.run(&inv).await?;
     shared.counters.claims.fetch_add(1, Relaxed);
     let Some((token, rest)) = reply.split_first() else {
@@ -776,7 +775,6 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             inv.key(keys.lease())
                 .key(keys.owner())
                 .key(keys.due())
-                .arg(now_ms())
                 .arg(1_000)
                 .arg(shared.cfg.channel());
             match shared.conn.run::<u64>(&inv).await {
@@ -1000,12 +998,12 @@ async fn renew(shared: &Shared) {
             .iter()
             .map(|((shard, id), owner)| (*shard, (id.clone(), owner.clone()))),
     );
-    let until = now.saturating_add(shared.cfg.lease.as_millis() as u64);
+    let lease = u64::try_from(shared.cfg.lease.as_millis()).unwrap_or(u64::MAX);
     for (shard, tasks) in by_shard(tasks) {
         let keys = &shared.shards[shard as usize];
         for chunk in tasks.chunks(PER_CALL) {
             let mut inv = scripts::RENEW.prepare_invoke();
-            inv.key(keys.lease()).key(keys.owner()).arg(until);
+            inv.key(keys.lease()).key(keys.owner()).arg(lease);
             for (id, owner) in chunk {
                 inv.arg(id.as_str()).arg(&**owner);
             }

@@ -9,8 +9,19 @@
 //! it takes. Every later change by that consumer (ack, retry, dead-letter, give back) first
 //! checks that the owner is still exactly that value, so a consumer whose lease expired and was
 //! taken over cannot change the task under the new owner.
+//!
+//! Leases run on Redis's clock (`TIME`), read inside the scripts that set and expire them
+//! (CLAIM, RENEW, REAP): consumers whose clocks disagree still agree on when a lease ends, so
+//! a reaper whose clock runs ahead cannot take a lease that is still live. Due times are the
+//! producers' wall clock, as the tasks are fired by it.
 
 use std::sync::LazyLock;
+
+/// Lua: `now`, Redis's clock in ms since the Unix epoch. Redis 7 replicates a script's effects,
+/// not the script, so reading the clock in it is allowed.
+const REDIS_NOW: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
 
 use redis::Script;
 
@@ -48,19 +59,19 @@ return n
     )
 });
 
-/// KEYS: due, tasks, lease, owner, fence. ARGV: until (ms), batch, consumer, lease (ms), now
-/// (ms). Takes up to `batch` tasks due by `until`, leases them to `consumer|token` until
-/// max(due, now) + lease, and returns `token, id1, due1, envelope1, id2, ...` (an empty
-/// envelope when the HASH has none), or an empty array.
+/// KEYS: due, tasks, lease, owner, fence. ARGV: until (ms), batch, consumer, lease (ms).
+/// Takes up to `batch` tasks due by `until`, leases them to `consumer|token` until
+/// max(due, now) + lease (`now`: Redis's clock), and returns `token, id1, due1, envelope1,
+/// id2, ...` (an empty envelope when the HASH has none), or an empty array.
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
-if #ids == 0 then return {} end
+if #ids == 0 then return {{}} end
 local token = redis.call('INCR', KEYS[5])
 local owner = ARGV[3] .. '|' .. token
-local now, lease = tonumber(ARGV[5]), tonumber(ARGV[4])
-local out = {tostring(token)}
+{REDIS_NOW}local lease = tonumber(ARGV[4])
+local out = {{tostring(token)}}
 for i = 1, #ids, 2 do
   local id, due = ids[i], tonumber(ids[i + 1])
   redis.call('ZREM', KEYS[1], id)
@@ -72,28 +83,28 @@ for i = 1, #ids, 2 do
 end
 return out
 ",
-    )
+    ))
 });
 
-/// KEYS: lease, owner. ARGV: until (ms), then id1, owner1, id2, owner2, ... Extends to
-/// `until` the lease of each task whose owner still matches (never shortens one). Returns how
-/// many it extended.
+/// KEYS: lease, owner. ARGV: lease (ms), then id1, owner1, id2, owner2, ... Extends to
+/// now + lease (`now`: Redis's clock) the lease of each task whose owner still matches (never
+/// shortens one). Returns how many it extended.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
-local to, n = tonumber(ARGV[1]), 0
+{REDIS_NOW}local to, n = now + tonumber(ARGV[1]), 0
 for i = 2, #ARGV, 2 do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
     local lease = redis.call('ZSCORE', KEYS[1], ARGV[i])
     if lease and tonumber(lease) < to then
-      redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i])
+      redis.call('ZADD', KEYS[1], to, ARGV[i])
       n = n + 1
     end
   end
 end
 return n
 ",
-    )
+    ))
 });
 
 /// KEYS: lease, owner, tasks. ARGV: id1, owner1, id2, owner2, ... Removes each task whose
@@ -172,22 +183,22 @@ return n
     )
 });
 
-/// KEYS: lease, owner, due. ARGV: now (ms), batch, channel. Returns tasks whose lease expired
-/// (their consumer died or stalled) to the queue, due now, and wakes the consumers. Returns
-/// how many.
+/// KEYS: lease, owner, due. ARGV: batch, channel. Returns tasks whose lease expired by Redis's
+/// clock (their consumer died or stalled) to the queue, due now, and wakes the consumers.
+/// Returns how many.
 pub(crate) static REAP: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+{REDIS_NOW}local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
-  redis.call('ZADD', KEYS[3], ARGV[1], id)
+  redis.call('ZADD', KEYS[3], now, id)
 end
-if #ids > 0 then redis.call('PUBLISH', ARGV[3], ARGV[1]) end
+if #ids > 0 then redis.call('PUBLISH', ARGV[2], tostring(now)) end
 return #ids
 ",
-    )
+    ))
 });
 
 /// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms), channel, the dead record as read.
@@ -208,3 +219,113 @@ return 1
 ",
     )
 });
+
+/// The tests' private `redis-server` (shared with the integration tests).
+#[cfg(test)]
+#[path = "../../tests/support/redis_server.rs"]
+#[allow(unreachable_pub, dead_code)]
+mod redis_server;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::KeyLayout;
+
+    /// Redis's clock, in ms.
+    fn redis_now(conn: &mut redis::Connection) -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
+        s * 1_000 + us / 1_000
+    }
+
+    /// Leases are set and expired on Redis's clock: the scripts take no time from the caller,
+    /// so consumers whose clocks disagree cannot disagree on a lease (a reaper whose clock ran
+    /// ahead used to take live leases, and the task fired twice).
+    #[test]
+    fn leases_run_on_redis_time() {
+        let server = super::redis_server::RedisServer::start_in_memory();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let k = KeyLayout::new("clock").unwrap();
+        let now = redis_now(&mut conn);
+        // Two tasks due an hour ago, one in an hour (a lease never ends before its due time).
+        redis::pipe()
+            .zadd(k.due(), "past", now - 3_600_000)
+            .zadd(k.due(), "past2", now - 3_600_000)
+            .zadd(k.due(), "future", now + 3_600_000)
+            .hset(k.tasks(), "past", "{}")
+            .hset(k.tasks(), "past2", "{}")
+            .hset(k.tasks(), "future", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let claimed: Vec<String> = CLAIM
+            .key(k.due())
+            .key(k.tasks())
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.fence())
+            .arg(now + 7_200_000)
+            .arg(10)
+            .arg("c1")
+            .arg(60_000)
+            .invoke(&mut conn)
+            .unwrap();
+        assert_eq!(claimed.len(), 1 + 3 * 3, "{claimed:?}");
+        let lease = |conn: &mut redis::Connection, id: &str| -> i64 {
+            redis::cmd("ZSCORE")
+                .arg(k.lease())
+                .arg(id)
+                .query::<f64>(conn)
+                .unwrap() as i64
+        };
+        let after = redis_now(&mut conn);
+        // max(due, Redis's now) + lease.
+        assert!((now + 60_000..=after + 60_000).contains(&lease(&mut conn, "past")));
+        assert_eq!(lease(&mut conn, "future"), now + 3_600_000 + 60_000);
+        // Nothing has expired by Redis's clock: the reaper takes nothing.
+        let reap = |conn: &mut redis::Connection| -> u64 {
+            REAP.key(k.lease())
+                .key(k.owner())
+                .key(k.due())
+                .arg(100)
+                .arg("chan")
+                .invoke(conn)
+                .unwrap()
+        };
+        assert_eq!(reap(&mut conn), 0);
+        // A lease renewed runs from Redis's now; one that ran out is reaped, due now.
+        let owner: String = redis::cmd("HGET")
+            .arg(k.owner())
+            .arg("past")
+            .query(&mut conn)
+            .unwrap();
+        redis::cmd("ZADD")
+            .arg(k.lease())
+            .arg(now - 1)
+            .arg("past2")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let renewed: u64 = RENEW
+            .key(k.lease())
+            .key(k.owner())
+            .arg(120_000)
+            .arg("past")
+            .arg(&owner)
+            .invoke(&mut conn)
+            .unwrap();
+        assert_eq!(renewed, 1);
+        let after = redis_now(&mut conn);
+        assert!((now + 120_000..=after + 120_000).contains(&lease(&mut conn, "past")));
+        assert_eq!(reap(&mut conn), 1);
+        let due: f64 = redis::cmd("ZSCORE")
+            .arg(k.due())
+            .arg("past2")
+            .query(&mut conn)
+            .unwrap();
+        assert!(
+            (now..=redis_now(&mut conn)).contains(&(due as i64)),
+            "due now, by Redis"
+        );
+    }
+}
