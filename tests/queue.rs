@@ -115,6 +115,60 @@ fn a_crashed_consumers_tasks_fire_elsewhere_after_the_lease() {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A task that takes down every consumer that runs it (a crash loop) is not delivered
+/// forever: after `max_lease_expiries` expired leases the reaper dead-letters it.
+#[test]
+fn a_task_that_crashes_its_consumers_is_dead_lettered_after_max_lease_expiries() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("crashloop", |cfg| {
+        cfg.lease = Duration::from_millis(300);
+        cfg.reaper_interval = Duration::from_millis(50);
+        cfg.max_lease_expiries = 2;
+    });
+    // Handlers that never return while the test runs: a consumer "crashes" (aborts) with the
+    // task in hand.
+    let (release, gate) = crossbeam_channel::unbounded::<()>();
+    let (ran_tx, ran) = crossbeam_channel::unbounded::<usize>();
+    let stuck = |who: usize| {
+        let (gate, ran_tx) = (gate.clone(), ran_tx.clone());
+        Handlers::new().on("job", move |_| {
+            let _ = ran_tx.send(who);
+            let _ = gate.recv();
+            Ok(())
+        })
+    };
+    enqueue_all(&rt, &p, "job", vec![("poison".into(), now_ms())]);
+    let a = Consumer::start(cfg.clone(), stuck(0)).unwrap();
+    assert_eq!(ran.recv_timeout(Duration::from_secs(30)), Ok(0));
+    a.abort();
+    // B's reaper returns it (one expiry), B runs it and crashes too.
+    let b = Consumer::start(cfg.clone(), stuck(1)).unwrap();
+    assert_eq!(ran.recv_timeout(Duration::from_secs(30)), Ok(1));
+    assert_eq!(b.stats().recovered, 1);
+    b.abort();
+    // The second expiry: C's reaper dead-letters it instead of handing it to C.
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 2, "job")).unwrap();
+    wait_until("the dead letter", || c.stats().dead_lettered == 1);
+    let dead = rt.block_on(p.dead_letters(10)).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, "poison");
+    assert!(
+        dead[0].reason.starts_with("lease expired 2 times"),
+        "{}",
+        dead[0].reason
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(fired.lock().is_empty(), "C ran the poison task");
+    assert_eq!(c.stats().recovered, 0);
+    drop(release);
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 #[test]
 fn a_stalled_consumers_late_ack_is_refused_by_the_fencing_token() {
     let Fixture {

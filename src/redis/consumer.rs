@@ -86,7 +86,8 @@ pub struct QueueStats {
     pub refused: u64,
     /// Failed attempts put back for a retry.
     pub retried: u64,
-    /// Tasks this consumer dead-lettered.
+    /// Tasks this consumer dead-lettered: out of attempts, or (by its reaper) out of lease
+    /// expiries (`max_lease_expiries`).
     pub dead_lettered: u64,
     /// Expired leases this consumer's reaper returned to the queue.
     pub recovered: u64,
@@ -775,14 +776,33 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             inv.key(keys.lease())
                 .key(keys.owner())
                 .key(keys.due())
+                .key(keys.tasks())
+                .key(keys.dead())
+                .key(keys.expired())
                 .arg(1_000)
-                .arg(shared.cfg.channel());
-            match shared.conn.run::<u64>(&inv).await {
-                Ok(0) => {}
-                Ok(n) => {
-                    tracing::info!(shard, recovered = n, "expired leases returned to the queue");
-                    shared.counters.recovered.fetch_add(n, Relaxed);
-                    metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
+                .arg(shared.cfg.channel())
+                .arg(shared.cfg.max_lease_expiries);
+            match shared.conn.run::<(u64, u64)>(&inv).await {
+                Ok((0, 0)) => {}
+                Ok((n, dead)) => {
+                    if n > 0 {
+                        tracing::info!(
+                            shard,
+                            recovered = n,
+                            "expired leases returned to the queue"
+                        );
+                        shared.counters.recovered.fetch_add(n, Relaxed);
+                        metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
+                    }
+                    if dead > 0 {
+                        tracing::warn!(
+                            shard,
+                            dead,
+                            max = shared.cfg.max_lease_expiries,
+                            "tasks whose lease ran out too often were dead-lettered"
+                        );
+                        shared.counters.dead_lettered.fetch_add(dead, Relaxed);
+                    }
                 }
                 Err(e) => tracing::debug!(error = %e, "reaper: redis unavailable"),
             }
@@ -860,7 +880,10 @@ async fn resolve(
             }
             let keys = &shared.shards[*shard as usize];
             let mut inv = scripts::ACK.prepare_invoke();
-            inv.key(keys.lease()).key(keys.owner()).key(keys.tasks());
+            inv.key(keys.lease())
+                .key(keys.owner())
+                .key(keys.tasks())
+                .key(keys.expired());
             for (id, owner) in batch.iter() {
                 inv.arg(id.as_str()).arg(&**owner);
             }
@@ -928,6 +951,7 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
                 .key(keys.owner())
                 .key(keys.tasks())
                 .key(keys.dead())
+                .key(keys.expired())
                 .arg(id.as_str())
                 .arg(&**owner)
                 .arg(record.as_str());

@@ -11,6 +11,7 @@ pub struct KeyLayout {
     lease: String,
     owner: String,
     fence: String,
+    expired: String,
     ns: String,
 }
 
@@ -44,6 +45,7 @@ impl KeyLayout {
             lease: format!("{{{ns}}}:lease"),
             owner: format!("{{{ns}}}:owner"),
             fence: format!("{{{ns}}}:fence"),
+            expired: format!("{{{ns}}}:expired"),
             ns: ns.to_string(),
         })
     }
@@ -76,6 +78,13 @@ impl KeyLayout {
     /// The queue's counter of claim (fencing) tokens.
     pub fn fence(&self) -> &str {
         &self.fence
+    }
+
+    /// The queue's HASH of lease expiries: id → how many times a lease on the task ran out
+    /// (its consumer crashed or stalled), kept until the task is acknowledged, dead-lettered,
+    /// cancelled or replaced.
+    pub fn expired(&self) -> &str {
+        &self.expired
     }
 
     /// The namespace.

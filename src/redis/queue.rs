@@ -118,6 +118,13 @@ pub struct QueueConfig {
     pub reaper_interval: Duration,
     /// Retries of failed tasks.
     pub retry: RetryPolicy,
+    /// A task whose lease runs out this many times (its consumer crashed or stalled each time
+    /// while holding it, e.g. a task whose handler takes the process down) goes to the
+    /// dead-letter store, with reason `lease expired N times: ...`, instead of back to the
+    /// queue (default 3; 0: no limit). Counted in `{ns}:expired` until the task is
+    /// acknowledged, dead-lettered, cancelled or replaced; a graceful shutdown's hand-back and
+    /// a failed attempt's retry do not count.
+    pub max_lease_expiries: u32,
     /// Threads running handlers per consumer (default 4).
     pub handler_threads: usize,
     /// Whether producers PUBLISH a wake-up for tasks due before the next reconcile
@@ -148,6 +155,7 @@ impl QueueConfig {
             ack_interval: Duration::from_millis(20),
             reaper_interval: Duration::from_secs(1),
             retry: RetryPolicy::default(),
+            max_lease_expiries: 3,
             handler_threads: 4,
             notify: true,
             max_envelope: 64 * 1024,
@@ -438,6 +446,7 @@ impl Producer {
             .key(keys.tasks())
             .key(keys.lease())
             .key(keys.owner())
+            .key(keys.expired())
             .arg(envelope.id.as_str())
             .arg(envelope.due_at)
             .arg(bytes)
@@ -462,6 +471,7 @@ impl Producer {
             .key(keys.tasks())
             .key(keys.lease())
             .key(keys.owner())
+            .key(keys.expired())
             .arg(id);
         Ok(self.conn.run::<i64>(&inv).await? == 1)
     }

@@ -25,9 +25,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 use redis::Script;
 
-/// KEYS: due, tasks, lease, owner. ARGV: id, due, envelope, replace (0/1), channel, notify
-/// before (ms; 0 = never), message. Returns 1 if stored, 0 if the id was pending and replace
-/// was not asked for.
+/// KEYS: due, tasks, lease, owner, expired. ARGV: id, due, envelope, replace (0/1), channel,
+/// notify before (ms; 0 = never), message. Returns 1 if stored, 0 if the id was pending and
+/// replace was not asked for. A replaced task's lease expiries are forgotten.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -35,6 +35,7 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   if ARGV[4] == '0' then return 0 end
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[5], ARGV[1])
 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -46,7 +47,8 @@ return 1
     )
 });
 
-/// KEYS: due, tasks, lease, owner. ARGV: id. Returns 1 if the task was queued or leased.
+/// KEYS: due, tasks, lease, owner, expired. ARGV: id. Returns 1 if the task was queued or
+/// leased.
 pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -54,6 +56,7 @@ local n = redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 return n
 ",
     )
@@ -107,8 +110,8 @@ return n
     ))
 });
 
-/// KEYS: lease, owner, tasks. ARGV: id1, owner1, id2, owner2, ... Removes each task whose
-/// owner still matches; returns 1 or 0 per task (0: refused, the lease was taken over).
+/// KEYS: lease, owner, tasks, expired. ARGV: id1, owner1, id2, owner2, ... Removes each task
+/// whose owner still matches; returns 1 or 0 per task (0: refused, the lease was taken over).
 pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -118,6 +121,7 @@ for i = 1, #ARGV, 2 do
     redis.call('ZREM', KEYS[1], ARGV[i])
     redis.call('HDEL', KEYS[2], ARGV[i])
     redis.call('HDEL', KEYS[3], ARGV[i])
+    redis.call('HDEL', KEYS[4], ARGV[i])
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
@@ -145,8 +149,8 @@ return 1
     )
 });
 
-/// KEYS: lease, owner, tasks, dead. ARGV: id, owner, record. Moves a task to the dead-letter
-/// HASH, if the owner still matches.
+/// KEYS: lease, owner, tasks, dead, expired. ARGV: id, owner, record. Moves a task to the
+/// dead-letter HASH, if the owner still matches.
 pub(crate) static DEAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -154,6 +158,7 @@ if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 return 1
 ",
@@ -183,20 +188,41 @@ return n
     )
 });
 
-/// KEYS: lease, owner, due. ARGV: batch, channel. Returns tasks whose lease expired by Redis's
-/// clock (their consumer died or stalled) to the queue, due now, and wakes the consumers.
-/// Returns how many.
+/// KEYS: lease, owner, due, tasks, dead, expired. ARGV: batch, channel, max expiries (0: no
+/// limit). Returns tasks whose lease expired by Redis's clock (their consumer died or stalled)
+/// to the queue, due now, and wakes the consumers; counts each task's expiries, and moves a
+/// task whose lease has now expired `max` times to the dead-letter HASH instead (a task that
+/// takes its consumer down each time is not delivered forever), with a record as the
+/// consumer writes one. Returns `{requeued, dead-lettered}`.
 pub(crate) static REAP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {REDIS_NOW}local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local max, requeued, dead = tonumber(ARGV[3]), 0, 0
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
-  redis.call('ZADD', KEYS[3], now, id)
+  local n = redis.call('HINCRBY', KEYS[6], id, 1)
+  if max > 0 and n >= max then
+    local raw = redis.call('HGET', KEYS[4], id) or ''
+    local ok, envelope = pcall(cjson.decode, raw)
+    local attempt = 0
+    if ok and type(envelope) == 'table' and type(envelope.attempt) == 'number' then
+      attempt = envelope.attempt
+    end
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[6], id)
+    redis.call('HSET', KEYS[5], id, cjson.encode({{
+      reason = 'lease expired ' .. n .. ' times: its consumer crashed or stalled each time',
+      raw = raw, at = now, attempt = attempt}}))
+    dead = dead + 1
+  else
+    redis.call('ZADD', KEYS[3], now, id)
+    requeued = requeued + 1
+  end
 end
-if #ids > 0 then redis.call('PUBLISH', ARGV[2], tostring(now)) end
-return #ids
+if requeued > 0 then redis.call('PUBLISH', ARGV[2], tostring(now)) end
+return {{requeued, dead}}
 ",
     ))
 });
@@ -230,6 +256,130 @@ mod redis_server;
 mod tests {
     use super::*;
     use crate::redis::KeyLayout;
+
+    /// Runs REAP on `k` with `max` lease expiries: (requeued, dead-lettered).
+    fn reap(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64) {
+        REAP.key(k.lease())
+            .key(k.owner())
+            .key(k.due())
+            .key(k.tasks())
+            .key(k.dead())
+            .key(k.expired())
+            .arg(100)
+            .arg("chan")
+            .arg(max)
+            .invoke(conn)
+            .unwrap()
+    }
+
+    /// Claims everything due with a lease of `lease_ms`; the owner of each claimed id.
+    fn claim(conn: &mut redis::Connection, k: &KeyLayout, lease_ms: u64) -> Vec<(String, String)> {
+        let reply: Vec<String> = CLAIM
+            .key(k.due())
+            .key(k.tasks())
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.fence())
+            .arg(i64::MAX)
+            .arg(100)
+            .arg("c")
+            .arg(lease_ms)
+            .invoke(conn)
+            .unwrap();
+        let token = reply.first().cloned().unwrap_or_default();
+        reply[1.min(reply.len())..]
+            .chunks(3)
+            .map(|t| (t[0].clone(), format!("c|{token}")))
+            .collect()
+    }
+
+    /// A task whose lease keeps running out (its consumer crashing each time) is delivered
+    /// `max` times, then dead-lettered with the reason and its attempt count; an ack forgets
+    /// the count, so expiries of earlier deliveries do not follow a task that succeeded.
+    #[test]
+    fn a_task_whose_lease_keeps_running_out_is_dead_lettered() {
+        let server = super::redis_server::RedisServer::start_in_memory();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let k = KeyLayout::new("loop").unwrap();
+        let envelope =
+            r#"{"id":"crash","topic":"t","payload":null,"attempt":2,"created_at":0,"due_at":0}"#;
+        redis::pipe()
+            .zadd(k.due(), "crash", 0)
+            .hset(k.tasks(), "crash", envelope)
+            .zadd(k.due(), "fine", 0)
+            .hset(k.tasks(), "fine", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        // Two deliveries whose consumer dies (a lease of 0 ms runs out at once).
+        assert_eq!(claim(&mut conn, &k, 0).len(), 2);
+        assert_eq!(
+            reap(&mut conn, &k, 3),
+            (2, 0),
+            "first expiry: back to the queue"
+        );
+        assert_eq!(claim(&mut conn, &k, 0).len(), 2);
+        assert_eq!(reap(&mut conn, &k, 3), (2, 0));
+        // "fine" succeeds on its third delivery: the ack forgets its expiries.
+        let claimed = claim(&mut conn, &k, 60_000);
+        let fine = claimed.iter().find(|(id, _)| id == "fine").unwrap();
+        let acked: Vec<u8> = ACK
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.tasks())
+            .key(k.expired())
+            .arg(&fine.0)
+            .arg(&fine.1)
+            .invoke(&mut conn)
+            .unwrap();
+        assert_eq!(acked, [1]);
+        let left: bool = redis::cmd("HEXISTS")
+            .arg(k.expired())
+            .arg("fine")
+            .query(&mut conn)
+            .unwrap();
+        assert!(!left, "an acknowledged task's expiries are forgotten");
+        // "crash" takes its third consumer down too: dead-lettered, not queued again.
+        redis::cmd("ZADD")
+            .arg(k.lease())
+            .arg(0)
+            .arg("crash")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(reap(&mut conn, &k, 3), (0, 1));
+        let record: String = redis::cmd("HGET")
+            .arg(k.dead())
+            .arg("crash")
+            .query(&mut conn)
+            .unwrap();
+        let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+        assert_eq!(
+            record["reason"],
+            "lease expired 3 times: its consumer crashed or stalled each time"
+        );
+        assert_eq!(record["attempt"], 2);
+        assert_eq!(record["raw"], envelope);
+        assert!(record["at"].as_u64().unwrap() > 1_600_000_000_000);
+        let (queued, stored, counted): (u32, bool, bool) = redis::pipe()
+            .zcard(k.due())
+            .hexists(k.tasks(), "crash")
+            .hexists(k.expired(), "crash")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!((queued, stored, counted), (0, false, false));
+        // With no limit, expiries only requeue.
+        redis::pipe()
+            .zadd(k.due(), "crash", 0)
+            .hset(k.tasks(), "crash", envelope)
+            .query::<()>(&mut conn)
+            .unwrap();
+        for _ in 0..5 {
+            assert_eq!(claim(&mut conn, &k, 0).len(), 1);
+            assert_eq!(reap(&mut conn, &k, 0), (1, 0));
+        }
+    }
 
     /// Redis's clock, in ms.
     fn redis_now(conn: &mut redis::Connection) -> i64 {
@@ -284,15 +434,7 @@ mod tests {
         assert!((now + 60_000..=after + 60_000).contains(&lease(&mut conn, "past")));
         assert_eq!(lease(&mut conn, "future"), now + 3_600_000 + 60_000);
         // Nothing has expired by Redis's clock: the reaper takes nothing.
-        let reap = |conn: &mut redis::Connection| -> u64 {
-            REAP.key(k.lease())
-                .key(k.owner())
-                .key(k.due())
-                .arg(100)
-                .arg("chan")
-                .invoke(conn)
-                .unwrap()
-        };
+        let reap = |conn: &mut redis::Connection| reap(conn, &k, 0).0;
         assert_eq!(reap(&mut conn), 0);
         // A lease renewed runs from Redis's now; one that ran out is reaped, due now.
         let owner: String = redis::cmd("HGET")
