@@ -115,6 +115,47 @@ fn a_crashed_consumers_tasks_fire_elsewhere_after_the_lease() {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A task id another client wrote that is not UTF-8 is dead-lettered at once under the id as
+/// stored: an ack by its lossy reading would never match, and it would come back after every
+/// lease.
+#[test]
+fn a_task_id_that_is_not_utf8_is_dead_lettered_under_its_stored_id() {
+    let Fixture { server, rt, cfg, p } = fixture("bytes", |_| {});
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let id: &[u8] = b"order\xff";
+    redis::pipe()
+        .cmd("ZADD")
+        .arg("{bytes}:due")
+        .arg(now_ms())
+        .arg(id)
+        .cmd("HSET")
+        .arg("{bytes}:tasks")
+        .arg(id)
+        .arg(r#"{"id":"order","topic":"t","payload":null,"attempt":0,"created_at":0,"due_at":0}"#)
+        .query::<()>(&mut conn)
+        .unwrap();
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "t")).unwrap();
+    wait_until("the dead letter", || c.stats().dead_lettered == 1);
+    assert_eq!(c.stats().refused, 0, "written under the id as stored");
+    let dead = rt.block_on(p.dead_letters(10)).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, "order\u{fffd}");
+    assert_eq!(dead[0].reason, "task id is not UTF-8");
+    let (queued, leased, stored): (u32, u32, u32) = redis::pipe()
+        .zcard("{bytes}:due")
+        .zcard("{bytes}:lease")
+        .hlen("{bytes}:tasks")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!((queued, leased, stored), (0, 0, 0));
+    assert!(fired.lock().is_empty());
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 /// A task that takes down every consumer that runs it (a crash loop) is not delivered
 /// forever: after `max_lease_expiries` expired leases the reaper dead-letters it.
 #[test]

@@ -132,6 +132,8 @@ enum Outcome {
     Dead {
         shard: u32,
         id: String,
+        /// The id as stored, when it is not UTF-8 (`id` is then its lossy reading).
+        raw_id: Option<Vec<u8>>,
         owner: Arc<str>,
         record: String,
     },
@@ -545,6 +547,7 @@ fn fire(shared: &Shared, c: Claimed) {
                     shard,
                     record: dead_record(&reason, &raw, envelope.attempt),
                     id: envelope.id,
+                    raw_id: None,
                     owner,
                 }
             } else {
@@ -654,6 +657,23 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
     shared.counters.claimed.fetch_add(n as u64, Relaxed);
     for t in rest.chunks_exact(3) {
         let id = String::from_utf8_lossy(&t[0]).into_owned();
+        if std::str::from_utf8(&t[0]).is_err() {
+            // Written by another client: no envelope can name it, and an ack by its lossy
+            // reading would never match. Dead-lettered under the id as stored.
+            tracing::warn!(%id, "claimed task with a non-UTF-8 id dead-lettered");
+            let raw = String::from_utf8_lossy(&t[2]).into_owned();
+            let _ = shared
+                .outcomes
+                .send(Outcome::Dead {
+                    shard,
+                    record: dead_record("task id is not UTF-8", &raw, 0),
+                    id,
+                    raw_id: Some(t[0].clone()),
+                    owner: owner.clone(),
+                })
+                .await;
+            continue;
+        }
         let due: u64 = std::str::from_utf8(&t[1])
             .ok()
             .and_then(|s| s.parse::<f64>().ok())
@@ -680,6 +700,7 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
                         shard,
                         record: dead_record(&reason, &raw, 0),
                         id,
+                        raw_id: None,
                         owner: owner.clone(),
                     })
                     .await;
@@ -942,6 +963,7 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
         Outcome::Dead {
             shard,
             id,
+            raw_id,
             owner,
             record,
         } => {
@@ -952,7 +974,7 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
                 .key(keys.tasks())
                 .key(keys.dead())
                 .key(keys.expired())
-                .arg(id.as_str())
+                .arg(raw_id.as_deref().unwrap_or(id.as_bytes()))
                 .arg(&**owner)
                 .arg(record.as_str());
             (inv, id, &shared.counters.dead_lettered)

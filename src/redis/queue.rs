@@ -477,7 +477,7 @@ impl Producer {
     }
 
     /// Up to `limit` dead-lettered tasks, over all shards (a hash that changes meanwhile may
-    /// list one twice).
+    /// list one twice). Ids and records that are not UTF-8 are listed lossily (U+FFFD).
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
         let mut out = Vec::new();
         for keys in self.shards.iter() {
@@ -487,7 +487,9 @@ impl Producer {
             while out.len() < limit {
                 let mut conn = self.conn.conn.clone();
                 self.conn.count(1);
-                let (next, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                // Bytes: an id or record another client wrote need not be UTF-8, and one such
+                // entry must not fail the whole listing.
+                let (next, flat): (u64, Vec<(Vec<u8>, Vec<u8>)>) = redis::cmd("HSCAN")
                     .arg(keys.dead())
                     .arg(cursor)
                     .arg("COUNT")
@@ -495,11 +497,10 @@ impl Producer {
                     .query_async(&mut conn)
                     .await?;
                 let room = limit - out.len();
-                out.extend(
-                    flat.into_iter()
-                        .take(room)
-                        .map(|(id, record)| parse_dead(id, &record)),
-                );
+                out.extend(flat.into_iter().take(room).map(|(id, record)| {
+                    let id = String::from_utf8_lossy(&id).into_owned();
+                    parse_dead(id, &String::from_utf8_lossy(&record))
+                }));
                 if next == 0 {
                     break;
                 }
