@@ -489,7 +489,7 @@ impl Producer {
                 self.conn.count(1);
                 // Bytes: an id or record another client wrote need not be UTF-8, and one such
                 // entry must not fail the whole listing.
-                let (next, flat): (u64, Vec<(Vec<u8>, Vec<u8>)>) = redis::cmd("HSCAN")
+                let (next, flat): HscanPage = redis::cmd("HSCAN")
                     .arg(keys.dead())
                     .arg(cursor)
                     .arg("COUNT")
@@ -601,6 +601,9 @@ pub(crate) async fn sample_depth(conn: &Conn, keys: &KeyLayout) -> Result<QueueD
         dead,
     })
 }
+
+/// One HSCAN reply: the next cursor, then (field, value) pairs as stored.
+type HscanPage = (u64, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// The dead-letter record written by the consumer: `{reason, raw, at, attempt}`.
 pub(crate) fn dead_record(reason: &str, raw: &str, attempt: u32) -> String {
