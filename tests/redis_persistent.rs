@@ -347,28 +347,38 @@ fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
         )
         .await
         .unwrap();
-        assert_eq!(dedup.begin("o1").await.unwrap(), Begin::Run);
+        let run = |b: Begin| match b {
+            Begin::Run(claim) => claim,
+            other => panic!("expected Run, got {other:?}"),
+        };
+        let o1 = run(dedup.begin("o1").await.unwrap());
+        assert_eq!(o1.id(), "o1");
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::InProgress);
-        dedup.finish("o1").await.unwrap();
+        dedup.finish(&o1).await.unwrap();
         // "Forever" is a duration Redis takes (a wrapped or past-range expiry is refused, or
         // lapses at once and lets a duplicate run).
         let forever = Dedup::connect(&server.url(), "orders", Duration::MAX, Duration::MAX)
             .await
             .unwrap();
-        assert_eq!(forever.begin("f1").await.unwrap(), Begin::Run);
-        forever.finish("f1").await.unwrap();
+        let f1 = run(forever.begin("f1").await.unwrap());
+        forever.finish(&f1).await.unwrap();
         assert_eq!(forever.begin("f1").await.unwrap(), Begin::AlreadyDone);
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::AlreadyDone);
         // A failed attempt gives the task back at once; `abandon` never undoes `done`.
-        assert_eq!(dedup.begin("o2").await.unwrap(), Begin::Run);
-        dedup.abandon("o2").await.unwrap();
-        assert_eq!(dedup.begin("o2").await.unwrap(), Begin::Run);
-        dedup.abandon("o1").await.unwrap();
+        let o2 = run(dedup.begin("o2").await.unwrap());
+        assert!(dedup.abandon(&o2).await.unwrap());
+        run(dedup.begin("o2").await.unwrap());
+        assert!(!dedup.abandon(&o1).await.unwrap());
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::AlreadyDone);
         // A handler that crashed holding the marker: the lease lapses and the task runs again.
-        assert_eq!(dedup.begin("o3").await.unwrap(), Begin::Run);
+        let o3 = run(dedup.begin("o3").await.unwrap());
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(dedup.begin("o3").await.unwrap(), Begin::Run);
+        let o3_again = run(dedup.begin("o3").await.unwrap());
+        // The first delivery was only slow, not dead: its abandon must not drop the marker of
+        // the delivery that took over, or a third would run beside the second.
+        assert!(!dedup.abandon(&o3).await.unwrap());
+        assert_eq!(dedup.begin("o3").await.unwrap(), Begin::InProgress);
+        assert!(dedup.abandon(&o3_again).await.unwrap());
         assert!(matches!(
             Dedup::connect(&server.url(), "a{b", Duration::ZERO, Duration::ZERO).await,
             Err(DedupError::Namespace(_))
@@ -516,19 +526,26 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
             Duration::from_secs(60),
         ))
         .unwrap();
-    assert_eq!(rt.block_on(dedup.begin("soon0")).unwrap(), Begin::Run);
-    rt.block_on(dedup.finish("soon0")).unwrap();
+    let Begin::Run(soon0) = rt.block_on(dedup.begin("soon0")).unwrap() else {
+        panic!("soon0 was not marked yet")
+    };
+    rt.block_on(dedup.finish(&soon0)).unwrap();
     assert_eq!(
         rt.block_on(dedup.begin("soon0")).unwrap(),
         Begin::AlreadyDone
     );
-    assert_eq!(rt.block_on(dedup.begin("soon1")).unwrap(), Begin::Run);
+    let Begin::Run(soon1) = rt.block_on(dedup.begin("soon1")).unwrap() else {
+        panic!("soon1 was not marked yet")
+    };
     assert_eq!(
         rt.block_on(dedup.begin("soon1")).unwrap(),
         Begin::InProgress
     );
-    rt.block_on(dedup.abandon("soon1")).unwrap();
-    assert_eq!(rt.block_on(dedup.begin("soon1")).unwrap(), Begin::Run);
+    assert!(rt.block_on(dedup.abandon(&soon1)).unwrap());
+    assert!(matches!(
+        rt.block_on(dedup.begin("soon1")).unwrap(),
+        Begin::Run(_)
+    ));
     assert_eq!(
         cluster.nodes_with_keys(),
         1,

@@ -3,8 +3,10 @@
 //! notes give the same advice: a processed-id marker with a TTL, set with `SET NX`.
 //!
 //! The marker has two states, so that a crash in the middle of a handler does not swallow the
-//! task: `running` (a short lease) while the handler works, `done` (a long TTL) once it has.
-//! A redelivery that finds `running` backs off; once the lease lapses it runs again.
+//! task: `running:<token>` (a short lease) while the handler works, `done` (a long TTL) once it
+//! has. A redelivery that finds `running` backs off; once the lease lapses it runs again. The
+//! token fences the marker: a delivery whose lease lapsed while it worked cannot drop the
+//! marker of the delivery that took over.
 
 use std::fmt;
 use std::future::Future;
@@ -15,15 +17,34 @@ use super::link::Link;
 use super::store::StoreError;
 
 /// What [`Dedup::begin`] found for a task id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Begin {
     /// No marker: this caller now holds the `running` marker and should do the work, then call
-    /// [`Dedup::finish`] (or [`Dedup::abandon`] if it failed).
-    Run,
+    /// [`Dedup::finish`] (or [`Dedup::abandon`] if it failed) with this claim.
+    Run(Claim),
     /// The work was done already: skip it (and acknowledge the task).
     AlreadyDone,
     /// Another delivery is working on it right now (or crashed less than a lease ago).
     InProgress,
+}
+
+/// Holding a task's `running` marker: its id and the random token written into the marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    id: String,
+    token: String,
+}
+
+impl Claim {
+    /// The task id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The marker's value while this claim holds it.
+    fn marker(&self) -> String {
+        format!("running:{}", self.token)
+    }
 }
 
 /// Processed-id markers at `{ns}:done:<id>`, in the namespace's hash slot.
@@ -100,12 +121,17 @@ impl Dedup {
             .clamp(1, Self::MAX_MS)
     }
 
-    /// Claims task `id` for processing, atomically (`SET NX PX ... GET`).
+    /// Claims task `id` for processing, atomically (`SET NX PX ... GET`), with a fresh random
+    /// token in the marker.
     pub async fn begin(&self, id: &str) -> Result<Begin, StoreError> {
         let mut conn = self.conn.clone();
+        let claim = Claim {
+            id: id.to_owned(),
+            token: format!("{:016x}", fastrand::u64(..)),
+        };
         let old: Option<String> = redis::cmd("SET")
             .arg(self.key(id))
-            .arg("running")
+            .arg(claim.marker())
             .arg("NX")
             .arg("PX")
             .arg(Self::ms(self.lease))
@@ -113,18 +139,19 @@ impl Dedup {
             .query_async(&mut conn)
             .await?;
         Ok(match old.as_deref() {
-            None => Begin::Run,
+            None => Begin::Run(claim),
             Some("done") => Begin::AlreadyDone,
             Some(_) => Begin::InProgress,
         })
     }
 
-    /// Records that the work for `id` is done; later deliveries get [`Begin::AlreadyDone`] for
-    /// the `keep` duration.
-    pub async fn finish(&self, id: &str) -> Result<(), StoreError> {
+    /// Records that the work of `claim`'s task is done; later deliveries get
+    /// [`Begin::AlreadyDone`] for the `keep` duration. Done is done: it is recorded even if the
+    /// claim's lease lapsed meanwhile and another delivery holds the marker.
+    pub async fn finish(&self, claim: &Claim) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
         redis::cmd("SET")
-            .arg(self.key(id))
+            .arg(self.key(&claim.id))
             .arg("done")
             .arg("PX")
             .arg(Self::ms(self.keep))
@@ -133,17 +160,20 @@ impl Dedup {
         Ok(())
     }
 
-    /// Drops the `running` marker after a failed attempt, so a retry runs at once. A `done`
-    /// marker is left alone.
-    pub async fn abandon(&self, id: &str) -> Result<(), StoreError> {
+    /// Drops `claim`'s `running` marker after a failed attempt, so a retry runs at once.
+    /// Returns whether it still held it: a `done` marker, or the marker of another delivery
+    /// that took over after this claim's lease lapsed, is left alone (`false`).
+    pub async fn abandon(&self, claim: &Claim) -> Result<bool, StoreError> {
         let mut conn = self.conn.clone();
-        redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == 'running' then redis.call('DEL', KEYS[1]) end",
+        let dropped: i64 = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0",
         )
-        .key(self.key(id))
-        .invoke_async::<()>(&mut conn)
+        .key(self.key(&claim.id))
+        .arg(claim.marker())
+        .invoke_async(&mut conn)
         .await?;
-        Ok(())
+        Ok(dropped == 1)
     }
 }
 

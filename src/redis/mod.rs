@@ -53,7 +53,7 @@
 //! | `{ns}:due` | ZSET | member = task id, score = due time in ms since the Unix epoch |
 //! | `{ns}:tasks` | HASH | task id → the JSON [`Envelope`] |
 //! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at" }` of an entry that could not be used |
-//! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running` (lease TTL) or `done` (keep TTL) |
+//! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running:<token>` (lease TTL) or `done` (keep TTL) |
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.
 
@@ -72,7 +72,7 @@ mod task_store;
 mod wall_clock;
 
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
-pub use dedup::{Begin, Dedup, DedupError};
+pub use dedup::{Begin, Claim, Dedup, DedupError};
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS};
 pub use layout::{KeyLayout, NamespaceError};
 pub use persistent::{
