@@ -257,6 +257,16 @@ mod tests {
     use super::*;
     use crate::redis::KeyLayout;
 
+    /// A private server (alive while the first is) and a connection to it.
+    fn redis() -> (super::redis_server::RedisServer, redis::Connection) {
+        let server = super::redis_server::RedisServer::start_in_memory();
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        (server, conn)
+    }
+
     /// Runs REAP on `k` with `max` lease expiries: (requeued, dead-lettered).
     fn reap(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64) {
         REAP.key(k.lease())
@@ -298,11 +308,7 @@ mod tests {
     /// the count, so expiries of earlier deliveries do not follow a task that succeeded.
     #[test]
     fn a_task_whose_lease_keeps_running_out_is_dead_lettered() {
-        let server = super::redis_server::RedisServer::start_in_memory();
-        let mut conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let (_server, mut conn) = redis();
         let k = KeyLayout::new("loop").unwrap();
         let envelope =
             r#"{"id":"crash","topic":"t","payload":null,"attempt":2,"created_at":0,"due_at":0}"#;
@@ -392,11 +398,7 @@ mod tests {
     /// ahead used to take live leases, and the task fired twice).
     #[test]
     fn leases_run_on_redis_time() {
-        let server = super::redis_server::RedisServer::start_in_memory();
-        let mut conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let (_server, mut conn) = redis();
         let k = KeyLayout::new("clock").unwrap();
         let now = redis_now(&mut conn);
         // Two tasks due an hour ago, one in an hour (a lease never ends before its due time).
