@@ -15,7 +15,7 @@
 //!   before it parks: the park token alone is not enough, because a delivery blocked on a full
 //!   channel parks the driver thread inside crossbeam, which consumes the token.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -110,25 +110,26 @@ thread_local! {
     /// The shard this thread last scheduled into (see `Core::lock_for_insert`).
     static SHARD_HINT: Cell<u32> = const { Cell::new(u32::MAX) };
 
-    /// The engine (its `Core`'s address) whose turn this thread is in, 0 if none: a delivery
-    /// (a waker, an inline callback) that calls back into that engine must not take the
-    /// turn's locks again (`stop`, `fire_due`).
-    static IN_TURN: Cell<usize> = const { Cell::new(0) };
+    /// The engines (their `Core`s' addresses) whose turns this thread is in, innermost last:
+    /// a delivery (a waker, an inline callback) that calls back into one of them must not
+    /// take that turn's locks again (`stop`, `fire_due`). Turns of several engines can nest
+    /// (a waker of one calls another's `fire_due`, whose waker calls the first).
+    static IN_TURN: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Marks this thread as in a turn of one engine until dropped (turns of two engines can nest:
-/// a waker of one may call the other's `fire_due`).
-struct TurnMark(usize);
+/// Marks this thread as in a turn of one engine until dropped.
+struct TurnMark;
 
 impl TurnMark {
     fn enter(core: usize) -> TurnMark {
-        TurnMark(IN_TURN.with(|t| t.replace(core)))
+        IN_TURN.with(|t| t.borrow_mut().push(core));
+        TurnMark
     }
 }
 
 impl Drop for TurnMark {
     fn drop(&mut self) {
-        IN_TURN.with(|t| t.set(self.0));
+        IN_TURN.with(|t| t.borrow_mut().pop());
     }
 }
 
@@ -216,9 +217,10 @@ impl<T> Core<T> {
         self as *const Self as usize
     }
 
-    /// Whether this thread is delivering a turn of this engine (so holds its `turn_buf`).
+    /// Whether this thread is delivering a turn of this engine (so holds its `turn_buf`),
+    /// innermost or not.
     fn in_turn(&self) -> bool {
-        IN_TURN.with(Cell::get) == self.addr()
+        IN_TURN.with(|t| t.borrow().contains(&self.addr()))
     }
 
     /// Collects every due timer, delivers them with no shard lock held, and returns the

@@ -242,3 +242,68 @@ fn shutdown_from_a_stream_waker_inside_fire_due() {
 fn shutdown_from_a_stream_waker_on_the_driver_thread() {
     shutdown_from_a_stream_waker(false);
 }
+
+/// Turns of two engines nest: A's waker drives B (`fire_due`), and B's waker calls back into
+/// A, whose turn is still delivering further out. Neither hangs.
+#[test]
+fn nested_turns_of_two_engines_do_not_hang() {
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    type Engine = Timer<&'static str>;
+    struct Call(Box<dyn Fn() + Send + Sync>);
+    impl Wake for Call {
+        fn wake(self: Arc<Self>) {
+            (self.0)()
+        }
+    }
+    let clock = delaywheel::ManualClock::new();
+    let build = || {
+        Timer::builder()
+            .manual_clock(&clock)
+            .manual_driver()
+            .build_stream(4)
+            .unwrap()
+    };
+    let ((a, mut a_stream), (b, mut b_stream)) = (build(), build());
+    a.schedule("a", 10 * MS).unwrap();
+    b.schedule("b", 10 * MS).unwrap();
+    let (calls_tx, calls) = crossbeam_channel::unbounded::<(&str, usize)>();
+    let wake_a = {
+        let (b, tx): (Engine, _) = (b.clone(), calls_tx.clone());
+        Waker::from(Arc::new(Call(Box::new(move || {
+            tx.send(("b.fire_due", b.fire_due())).unwrap();
+        }))))
+    };
+    let wake_b = {
+        let (a, tx): (Engine, _) = (a.clone(), calls_tx);
+        Waker::from(Arc::new(Call(Box::new(move || {
+            tx.send(("a.fire_due", a.fire_due())).unwrap();
+            tx.send(("a.shutdown", a.shutdown().len())).unwrap();
+        }))))
+    };
+    assert!(a_stream
+        .poll_next_unpin(&mut Context::from_waker(&wake_a))
+        .is_pending());
+    assert!(b_stream
+        .poll_next_unpin(&mut Context::from_waker(&wake_b))
+        .is_pending());
+    clock.advance(10 * MS);
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let outer = a.clone();
+    std::thread::spawn(move || done_tx.send(outer.fire_due()).unwrap());
+    assert_eq!(
+        done_rx.recv_timeout(Duration::from_secs(10)),
+        Ok(1),
+        "a turn of A, nested inside itself through B, hung"
+    );
+    let calls: Vec<_> = calls.try_iter().collect();
+    // A's turn is still delivering: A answers 0 and hands back nothing (its timer was
+    // collected); B fired its own timer.
+    assert_eq!(
+        calls,
+        [("a.fire_due", 0), ("a.shutdown", 0), ("b.fire_due", 1)]
+    );
+    assert!(a.schedule("late", MS).is_err(), "A is shut down");
+    drop(b.shutdown());
+}

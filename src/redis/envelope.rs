@@ -23,7 +23,7 @@ pub struct Envelope {
     /// Deliveries tried so far.
     pub attempt: u32,
     /// When the task was first scheduled. `Persistent::schedule` stamps it from the kernel's
-    /// coarse real-time clock on Linux, which may be a kernel tick (1 to 10 ms) behind.
+    /// coarse real-time clock on Linux, which is about a kernel tick (1 to 10 ms) behind.
     pub created_at: u64,
     /// When it is due.
     pub due_at: u64,

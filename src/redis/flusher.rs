@@ -79,14 +79,22 @@ impl Journal {
     /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
     /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
     /// window, it costs no Redis command at all.
+    ///
+    /// A removal is journaled under the id alone ([`TaskKey::bare`]): it must not keep the
+    /// task's envelope (a payload can be 64 KiB) alive until it is flushed, which can be long
+    /// while Redis is down.
     pub(super) fn remove(&mut self, id: TaskKey, persisted: bool) {
         match self.ops.entry(id) {
             MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert(_)) => {
                 slot.remove();
             }
-            MapEntry::Occupied(mut slot) => *slot.get_mut() = Change::Remove,
+            MapEntry::Occupied(slot) => {
+                let (key, _) = slot.remove_entry();
+                self.ops.insert(TaskKey::bare(key.id()), Change::Remove);
+            }
             MapEntry::Vacant(slot) => {
-                slot.insert(Change::Remove);
+                let key = slot.into_key();
+                self.ops.insert(TaskKey::bare(key.id()), Change::Remove);
                 self.changed();
             }
         }

@@ -52,7 +52,11 @@
 //! |---|---|---|
 //! | `{ns}:due` | ZSET | member = task id, score = due time in ms since the Unix epoch |
 //! | `{ns}:tasks` | HASH | task id → the JSON [`Envelope`] |
-//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at" }` of an entry that could not be used |
+//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at", "attempt" }` of an entry that could not be used |
+//! | `{ns}:lease` | ZSET | queue: claimed task id → lease deadline in ms (Redis's clock) |
+//! | `{ns}:owner` | HASH | queue: claimed task id → `consumer|token` (the fencing token) |
+//! | `{ns}:fence` | STRING | queue: the counter of fencing tokens |
+//! | `{ns}:expired` | HASH | queue: task id → how many times a lease on it ran out |
 //! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running:<token>` (lease TTL) or `done` (keep TTL) |
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.

@@ -682,7 +682,8 @@ impl<S: TaskStore> Persistent<S> {
             return false;
         };
         state.mark_gone(&id);
-        state.journal.record(id, Change::Remove);
+        // Under the id alone: the removal must not keep the envelope alive until it is flushed.
+        state.journal.record(TaskKey::bare(id.id()), Change::Remove);
         true
     }
 
@@ -996,6 +997,33 @@ mod tests {
         async fn replace_all(&self, _: &[Op]) -> Result<(), StoreError> {
             Ok(())
         }
+    }
+
+    /// A cancelled (or acknowledged) persisted task leaves a removal in the journal until the
+    /// next flush, which can be long while Redis is down: the removal holds its id, not its
+    /// envelope.
+    #[test]
+    fn a_journaled_removal_keeps_no_reference_to_the_envelope() {
+        let mut cfg = PersistConfig::new("unused://", "unused");
+        cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+        let (p, _fired) = Persistent::with_store(cfg, Accept).unwrap();
+        let far = now_ms() + 3_600_000;
+        p.schedule("a", "t", serde_json::json!("x".repeat(1_000)), far)
+            .unwrap();
+        assert!(p.flush(Duration::from_secs(10)));
+        let envelope = {
+            let state = p.inner.state.lock();
+            state.index.get_key_value("a").unwrap().0 .0.clone()
+        };
+        assert!(p.cancel("a"));
+        assert_eq!(p.journal_depth(), 1, "the removal waits for the next round");
+        assert_eq!(
+            Arc::strong_count(&envelope),
+            1,
+            "the journaled removal holds the envelope"
+        );
+        assert!(p.flush(Duration::from_secs(10)));
+        p.shutdown();
     }
 
     /// The index is keyed by the envelope itself: a task scheduled again must leave nothing

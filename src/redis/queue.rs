@@ -122,8 +122,13 @@ pub struct QueueConfig {
     /// while holding it, e.g. a task whose handler takes the process down) goes to the
     /// dead-letter store, with reason `lease expired N times: ...`, instead of back to the
     /// queue (default 3; 0: no limit). Counted in `{ns}:expired` until the task is
-    /// acknowledged, dead-lettered, cancelled or replaced; a graceful shutdown's hand-back and
-    /// a failed attempt's retry do not count.
+    /// acknowledged, dead-lettered, cancelled or stored again by `enqueue`; a hand-back that
+    /// Redis took at a graceful shutdown, and a failed attempt's retry, do not count. Every
+    /// expiry counts, whether the task had started or was still waiting in the crashed
+    /// consumer (telling them apart would cost a Redis write per task): tasks claimed beside a
+    /// poison task by consumers it keeps crashing can reach the limit with it (then
+    /// [`Producer::requeue`] them). Raise it, or set 0, where consumers die for other
+    /// reasons often.
     pub max_lease_expiries: u32,
     /// Threads running handlers per consumer (default 4).
     pub handler_threads: usize,
@@ -264,8 +269,9 @@ pub enum QueueError {
     /// The envelope breaks a limit (size, due time, empty id).
     Envelope(EnvelopeError, Box<Envelope>),
     /// Redis refused or failed an enqueue: the envelope is handed back. The task may be queued
-    /// all the same (a reply lost after the write); enqueueing it again is safe, as enqueue is
-    /// idempotent by id.
+    /// all the same (a reply lost after the write). Enqueueing it again without `replace` is
+    /// safe: it then returns `Ok(false)` if the first write landed. With `replace`, a copy a
+    /// consumer claimed meanwhile would fire as well.
     NotEnqueued(StoreError, Box<Envelope>),
     /// A dead-lettered entry is not a task envelope, so it cannot be requeued.
     NotAnEnvelope(String),
@@ -518,7 +524,8 @@ impl Producer {
         let keys = self.keys(id);
         let mut conn = self.conn.conn.clone();
         self.conn.count(1);
-        let record: Option<String> = redis::cmd("HGET")
+        // Bytes: a record need not be UTF-8 (the reaper copies a stored envelope as it is).
+        let record: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(keys.dead())
             .arg(id)
             .query_async(&mut conn)
@@ -526,7 +533,10 @@ impl Producer {
         let Some(record) = record else {
             return Ok(false);
         };
-        let dead = parse_dead(id.to_string(), &record);
+        let Ok(text) = std::str::from_utf8(&record) else {
+            return Err(QueueError::NotAnEnvelope(id.to_string()));
+        };
+        let dead = parse_dead(id.to_string(), text);
         let envelope = Envelope::decode(dead.raw.as_bytes()).ok();
         // One stored under another id was dead-lettered for that: it is not this task.
         let Some(mut envelope) = envelope.filter(|e| e.id == id) else {

@@ -27,7 +27,8 @@ use redis::Script;
 
 /// KEYS: due, tasks, lease, owner, expired. ARGV: id, due, envelope, replace (0/1), channel,
 /// notify before (ms; 0 = never), message. Returns 1 if stored, 0 if the id was pending and
-/// replace was not asked for. A replaced task's lease expiries are forgotten.
+/// replace was not asked for. A task stored starts with no lease expiries (a count left by an
+/// older consumer that did not clear it, or by a replaced task, is forgotten).
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -35,8 +36,8 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   if ARGV[4] == '0' then return 0 end
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
-  redis.call('HDEL', KEYS[5], ARGV[1])
 end
+redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 if tonumber(ARGV[2]) < tonumber(ARGV[6]) then

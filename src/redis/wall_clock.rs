@@ -64,8 +64,9 @@ impl WallClock {
 
     /// A time stamp for [`Envelope::created_at`](super::Envelope::created_at): like
     /// [`now_ms`](Self::now_ms), but a system clock is read through the kernel's coarse
-    /// real-time clock where there is one (Linux), which may be up to one kernel tick (1 to
-    /// 10 ms) behind it and costs a fraction of a precise read. Nothing is timed against it.
+    /// real-time clock where there is one (Linux), which is about one kernel tick (1 to 10 ms)
+    /// behind it (more on a tickless or starved VM) and costs a fraction of a precise read.
+    /// Nothing is timed against it.
     pub(crate) fn stamp_ms(&self) -> u64 {
         match &self.0 {
             #[cfg(target_os = "linux")]
@@ -196,10 +197,10 @@ mod tests {
             let before = system.now_ms();
             let stamp = system.stamp_ms();
             let after = system.now_ms();
-            // Coarse: never ahead of the precise clock, behind it by at most a kernel tick
-            // (CONFIG_HZ 100 makes that 10 ms).
+            // Coarse: never ahead of the precise clock, behind it by about a kernel tick
+            // (CONFIG_HZ 100 makes that 10 ms; a tickless or starved VM can lag more).
             assert!(stamp <= after, "stamp {stamp} after {after}");
-            assert!(stamp + 10 >= before, "stamp {stamp} far behind {before}");
+            assert!(stamp + 100 >= before, "stamp {stamp} far behind {before}");
         }
         let clock = ManualClock::new();
         let manual = WallClock::manual(&clock, 5_000);
