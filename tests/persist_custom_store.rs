@@ -610,3 +610,134 @@ fn settings_out_of_range_are_refused() {
         ));
     }
 }
+
+/// The journal bound holds while a round is out: the changes a round took still count, so a
+/// store that is down cannot let producers past the bound one round at a time.
+#[test]
+fn the_journal_bound_counts_what_a_round_in_progress_took() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.journal_bound = 10;
+    cfg.when_full = delaywheel::redis::WhenFull::Error;
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let far = now_ms() + 3_600_000;
+    let full = |p: &Persistent<MemStore>, id: String| {
+        matches!(
+            p.schedule(id, "t", serde_json::Value::Null, far),
+            Err(PersistError::JournalFull(_))
+        )
+    };
+    for i in 0..10 {
+        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    assert!(full(&p, "t10".into()));
+    // A round takes the ten changes and is stuck writing them; then it fails.
+    store.paused.store(true, SeqCst);
+    store.down.store(true, SeqCst);
+    assert!(!p.flush(Duration::from_millis(20)));
+    wait_until("the round's write to start", || {
+        store.waiting.load(SeqCst) > 0
+    });
+    assert_eq!(p.journal_depth(), 10, "the round's changes are unflushed");
+    for i in 10..20 {
+        assert!(full(&p, format!("t{i}")), "t{i} got past the bound");
+    }
+    store.paused.store(false, SeqCst);
+    assert!(!p.flush(Duration::from_millis(50)));
+    assert_eq!(p.journal_depth(), 10, "put back, and no more");
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids().len(), 10);
+    p.shutdown();
+}
+
+/// A 30-row store whose restore (pages of 10) is held after reading its second page, on
+/// another thread; the test runs `during`, then lets the restore go on and returns its result.
+fn during_a_held_restore<T>(
+    store: &MemStore,
+    p: &Persistent<MemStore>,
+    during: impl FnOnce() -> T,
+) -> (T, Result<delaywheel::redis::RestoreReport, PersistError>) {
+    store.rows_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(10));
+        wait_until("the restore's second page", || {
+            store.rows_waiting.load(SeqCst) > 0
+        });
+        let out = during();
+        store.rows_paused.store(false, SeqCst);
+        (out, restore.join().unwrap())
+    })
+}
+
+/// While a snapshot is held back (a restore runs), a round whose write fails puts its changes
+/// back: `flush` reports success only once they are in the store. They used to be dropped, for
+/// the snapshot to cover, so `flush` (and WriteThrough) said done for a write that was not.
+#[test]
+fn failed_writes_wait_in_the_journal_while_a_snapshot_is_held_back() {
+    let store = stored((0..30).map(|i| format!("t{i:02}")));
+    let p = engine(&store);
+    let ((), restored) = during_a_held_restore(&store, &p, || {
+        assert_eq!(p.snapshot(Duration::from_millis(10)), None, "held back");
+        store.down.store(true, SeqCst);
+        p.schedule("w", "t", serde_json::Value::Null, now_ms() + 3_600_000)
+            .unwrap();
+        assert!(!p.flush(Duration::from_millis(100)));
+        store.down.store(false, SeqCst);
+        assert!(p.flush(PATIENCE));
+        assert!(store.ids().contains("w"), "flushed, but not in the store");
+    });
+    assert_eq!(restored.unwrap().loaded, 30);
+    p.shutdown();
+}
+
+/// A restore that fails part way must not be followed by the snapshot it held back: that would
+/// write the partly loaded set over the rows the restore never read.
+#[test]
+fn a_failed_restore_holds_snapshots_back() {
+    let store = stored((0..30).map(|i| format!("t{i:02}")));
+    let p = engine(&store);
+    let (snapshot, restored) = during_a_held_restore(&store, &p, || {
+        std::thread::scope(|s| {
+            let snapshot = s.spawn(|| p.snapshot(Duration::from_secs(2)));
+            // The scan breaks after the page held back.
+            store.rows_panic.store(true, SeqCst);
+            store.rows_paused.store(false, SeqCst);
+            snapshot.join().unwrap()
+        })
+    });
+    assert!(restored.is_err(), "the scan stopped early");
+    assert_eq!(snapshot, None, "a snapshot ran after a failed restore");
+    assert_eq!(
+        store.ids().len(),
+        30,
+        "rows the restore never read were wiped"
+    );
+    // A restore that completes lets snapshots run again.
+    store.rows_panic.store(false, SeqCst);
+    p.restore(100).unwrap();
+    assert_eq!(p.snapshot(PATIENCE), Some(30));
+    assert_eq!(store.ids().len(), 30);
+    p.shutdown();
+}
+
+/// A task scheduled and cancelled while a restore runs, before the restore read the row a
+/// previous process left for the same id: the row is removed, or the task came back after the
+/// next restart.
+#[test]
+fn a_row_for_a_task_cancelled_during_the_restore_is_removed() {
+    let store = stored((0..30).map(|i| format!("t{i:02}")));
+    let p = engine(&store);
+    let ((), restored) = during_a_held_restore(&store, &p, || {
+        p.schedule("t25", "t", serde_json::Value::Null, now_ms() + 3_600_000)
+            .unwrap();
+        assert!(p.cancel("t25"));
+    });
+    restored.unwrap();
+    assert!(!p.contains("t25"));
+    assert!(p.flush(PATIENCE));
+    assert!(!store.ids().contains("t25"), "its row outlived the cancel");
+    p.shutdown();
+}

@@ -59,9 +59,30 @@ pub(super) struct Journal {
     /// The flusher has taken a round and not yet booked its end (failures journaled again):
     /// its removals may not have reached the store. `restore` waits for it before reading.
     pub(super) in_round: bool,
+    /// Changes the round in progress took out of `ops` and has not booked yet: they count
+    /// against `journal_bound` as much as those still in `ops` (a failed round puts them back).
+    pub(super) taken: usize,
+    /// A batch's operations were lost (its write panicked): until a snapshot succeeds, rounds
+    /// do not count as flushed, so `flush` and WriteThrough do not report what is missing.
+    pub(super) repair_wanted: bool,
 }
 
 impl Journal {
+    /// Unflushed changes: journaled, or taken by the round in progress.
+    pub(super) fn depth(&self) -> usize {
+        self.ops.len() + self.taken
+    }
+
+    /// Puts back what a failed round took, unless a newer change to the id is journaled (it
+    /// wins).
+    fn put_back(&mut self, ops: Ids<Change>) {
+        for (id, change) in ops {
+            if let MapEntry::Vacant(slot) = self.ops.entry(id) {
+                slot.insert(change);
+            }
+        }
+    }
+
     /// Records `change` for `id`, replacing (and returning) any earlier unflushed change to
     /// that id.
     pub(super) fn record(&mut self, id: TaskKey, change: Change) -> Option<Change> {
@@ -149,8 +170,9 @@ fn upsert_op(envelope: &Envelope) -> Option<Op> {
 enum Round {
     /// The journaled changes, and when the oldest of them was made.
     Journal(Ids<Change>, Option<Instant>),
-    /// The whole pending set (a snapshot), which subsumes the journal.
-    Snapshot(Vec<Arc<Envelope>>),
+    /// The whole pending set (a snapshot), which subsumes the journal: the changes it took,
+    /// put back if the snapshot fails, and when the oldest of them was made.
+    Snapshot(Vec<Arc<Envelope>>, Ids<Change>, Option<Instant>),
 }
 
 /// Takes the next round's work out of the journal (and, for a snapshot, the index).
@@ -162,6 +184,7 @@ fn take_round(inner: &Inner) -> Round {
         index,
         journal,
         restoring,
+        restore_failed,
         gone,
         ..
     } = &mut *state;
@@ -169,10 +192,10 @@ fn take_round(inner: &Inner) -> Round {
     if let Some(t) = journal.oldest {
         metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
     }
-    if journal.snapshot_wanted && *restoring == 0 {
+    // Not while a restore runs, nor after one failed until one completes: the snapshot would
+    // write a partly loaded set over the rows not read yet.
+    if journal.snapshot_wanted && *restoring == 0 && !*restore_failed {
         journal.snapshot_wanted = false;
-        journal.ops.clear();
-        journal.oldest = None;
         let all = index
             .values_mut()
             .map(|entry| {
@@ -181,7 +204,8 @@ fn take_round(inner: &Inner) -> Round {
             })
             .collect();
         journal.in_round = true;
-        return Round::Snapshot(all);
+        journal.taken = journal.ops.len();
+        return Round::Snapshot(all, std::mem::take(&mut journal.ops), journal.oldest.take());
     }
     if *restoring > 0 {
         // The removals this round takes leave the journal before they reach the store: a
@@ -194,7 +218,16 @@ fn take_round(inner: &Inner) -> Round {
     }
     // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
     journal.in_round = true;
+    journal.taken = journal.ops.len();
     Round::Journal(std::mem::take(&mut journal.ops), journal.oldest.take())
+}
+
+/// The earlier of two optional times (`None`: no time).
+fn older(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Batches in flight at once. The multiplexed connection pipelines them, so building one batch
@@ -312,13 +345,18 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     .unwrap_or_default();
                 metrics::counter!("delaywheel_flushed_ops_total").increment(written as u64);
                 if lost {
-                    inner.state.lock().journal.snapshot_wanted = true;
-                } else if !failed.is_empty() || !unsent.is_empty() {
+                    // Its operations are gone: only a snapshot can repair that.
+                    let journal = &mut inner.state.lock().journal;
+                    journal.snapshot_wanted = true;
+                    journal.repair_wanted = true;
+                }
+                if !failed.is_empty() || !unsent.is_empty() {
                     let mut state = inner.state.lock();
                     let State { index, journal, .. } = &mut *state;
-                    // Changes made while this batch was out are newer: they win. After a
-                    // snapshot was asked for, the snapshot covers these too.
-                    if !journal.snapshot_wanted {
+                    // Changes made while this batch was out are newer: they win. Put back even
+                    // when a snapshot is wanted: it may be held back (by a restore) for long,
+                    // and must not be what these changes wait for.
+                    {
                         // Built and failed, or never built: (id, whether it wrote the task).
                         let again = failed
                             .iter()
@@ -351,17 +389,22 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                                 });
                             }
                         }
-                        journal.oldest = journal.oldest.min(oldest).or(oldest);
+                        journal.oldest = older(journal.oldest, oldest);
                     }
                 }
                 (error.map_or(Ok(()), Err), None)
             }
-            Round::Snapshot(envelopes) => {
+            Round::Snapshot(envelopes, subsumed, oldest) => {
                 let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
                 match rt.block_on(store.replace_all(&ops)) {
                     Ok(()) => (Ok(()), Some(ops.len())),
                     Err(e) => {
-                        inner.state.lock().journal.snapshot_wanted = true;
+                        // The store is as it was: the changes the snapshot took are still to be
+                        // written, by it when it is tried again or by a journal round.
+                        let journal = &mut inner.state.lock().journal;
+                        journal.snapshot_wanted = true;
+                        journal.put_back(subsumed);
+                        journal.oldest = older(journal.oldest, oldest);
                         (Err(e), None)
                     }
                 }
@@ -371,9 +414,15 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             let mut state = inner.state.lock();
             let journal = &mut state.journal;
             journal.in_round = false;
+            journal.taken = 0;
             match result {
                 Ok(()) => {
-                    journal.flushed += 1;
+                    if written.is_some() {
+                        journal.repair_wanted = false;
+                    }
+                    if !journal.repair_wanted {
+                        journal.flushed += 1;
+                    }
                     if let Some(n) = written {
                         journal.snapshots += 1;
                         journal.snapshot_len = n;

@@ -288,6 +288,9 @@ pub(super) struct State {
     /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
     /// over the rows they have not read yet.
     pub(super) restoring: usize,
+    /// The last restore to end failed: snapshots wait for one that completes, for the same
+    /// reason.
+    pub(super) restore_failed: bool,
     /// Ids cancelled or acknowledged while a restore runs, or whose removal a flush round took
     /// out of the journal meanwhile: it must not load them again from a page read before their
     /// removal reached the store (a scan may also return a row twice).
@@ -451,6 +454,7 @@ impl<S: TaskStore> Persistent<S> {
                 anchor,
                 index: Ids::default(),
                 restoring: 0,
+                restore_failed: false,
                 gone: Ids::default(),
                 journal: Journal::default(),
             }),
@@ -619,7 +623,7 @@ impl<S: TaskStore> Persistent<S> {
         envelope: Arc<Envelope>,
         deadline: Option<Instant>,
     ) -> Result<Arc<Envelope>, PersistError> {
-        while state.journal.ops.len() >= self.inner.cfg.journal_bound {
+        while state.journal.depth() >= self.inner.cfg.journal_bound {
             metrics::counter!("delaywheel_journal_full_total").increment(1);
             match self.inner.cfg.when_full {
                 WhenFull::Error => {
@@ -704,7 +708,7 @@ impl<S: TaskStore> Persistent<S> {
 
     /// Unflushed changes in the journal.
     pub fn journal_depth(&self) -> usize {
-        self.inner.state.lock().journal.ops.len()
+        self.inner.state.lock().journal.depth()
     }
 
     /// Loads every task in Redis into the wheel (overdue ones fire per [`Overdue`]), paging
@@ -714,7 +718,7 @@ impl<S: TaskStore> Persistent<S> {
     /// again. A snapshot asked for meanwhile waits until the restore is done. An error if the
     /// store fails, or its scan stops before the last page.
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
-        let _restoring = Restoring::begin(&self.inner);
+        let mut restoring = Restoring::begin(&self.inner);
         let mut report = RestoreReport::default();
         let mut overdue = 0u64;
         // Whether the last page said the scan is complete.
@@ -764,6 +768,18 @@ impl<S: TaskStore> Persistent<S> {
                 .ok_or_else(runtime_stopped)?
                 .map_err(PersistError::Store)?;
                 report.dead_lettered += page.broken.len();
+                // An id scheduled between the check above and the dead-lettering may have been
+                // written meanwhile, and the dead-lettering removed that row with the broken
+                // one: write the task held again.
+                let mut state = self.inner.state.lock();
+                let State { index, journal, .. } = &mut *state;
+                for b in &page.broken {
+                    if let Some(entry) = index.get_mut(b.id.as_str()) {
+                        entry.persisted = true;
+                        let due_at = entry.envelope.due_at;
+                        journal.record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
+                    }
+                }
             }
             let anchor = self.inner.cfg.clock.anchor();
             let now = anchor.wall_ms();
@@ -776,6 +792,13 @@ impl<S: TaskStore> Persistent<S> {
                     continue;
                 }
                 if state.left(&envelope.id) {
+                    if !state.journal.ops.contains_key(envelope.id.as_str()) {
+                        // Cancelled or acknowledged since the restore began, before its row
+                        // was read: no removal of this row is on its way (a task scheduled
+                        // and cancelled meanwhile costs none), so the row would outlive it.
+                        let id = TaskKey::bare(&envelope.id);
+                        state.journal.record(id, Change::Remove);
+                    }
                     continue;
                 }
                 let extra = if envelope.due_at > now {
@@ -812,6 +835,7 @@ impl<S: TaskStore> Persistent<S> {
             )));
         }
         report.overdue = overdue as usize;
+        restoring.completed = true;
         tracing::info!(
             loaded = report.loaded,
             overdue = report.overdue,
@@ -835,7 +859,9 @@ impl<S: TaskStore> Persistent<S> {
     /// and swaps it in atomically, so that the store then matches memory exactly: anything a
     /// lost write or a stray writer left behind is gone. The flusher does it as its next round,
     /// in place of the journal it subsumes. Returns the number of tasks written, or `None` if it
-    /// did not complete within `timeout` (the store is down; the flusher keeps retrying it).
+    /// did not complete within `timeout` (the store is down, and the flusher keeps retrying it;
+    /// or a restore runs, or the last one failed: the snapshot waits for one to complete, as
+    /// it would write a partly loaded set over the rows not read).
     pub fn snapshot(&self, timeout: Duration) -> Option<usize> {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
@@ -926,8 +952,12 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str, fired: TimerId) {
     }
 }
 
-/// Counts a restore in progress in `State::restoring` while it lives.
-struct Restoring<'a>(&'a Inner);
+/// Counts a restore in progress in `State::restoring` while it lives, and records at the end
+/// whether it completed.
+struct Restoring<'a> {
+    inner: &'a Inner,
+    completed: bool,
+}
 
 impl<'a> Restoring<'a> {
     fn begin(inner: &'a Inner) -> Restoring<'a> {
@@ -943,18 +973,22 @@ impl<'a> Restoring<'a> {
                 .wait_for(&mut state, Duration::from_millis(100));
         }
         drop(state);
-        Restoring(inner)
+        Restoring {
+            inner,
+            completed: false,
+        }
     }
 }
 
 impl Drop for Restoring<'_> {
     fn drop(&mut self) {
-        let mut state = self.0.state.lock();
+        let mut state = self.inner.state.lock();
         state.restoring -= 1;
+        state.restore_failed = !self.completed;
         if state.restoring == 0 {
             state.gone = Ids::default();
-            if state.journal.snapshot_wanted {
-                self.0.kick(&mut state.journal); // the snapshot it held back
+            if state.journal.snapshot_wanted && !state.restore_failed {
+                self.inner.kick(&mut state.journal); // the snapshot it held back
             }
         }
     }
