@@ -56,7 +56,10 @@ impl TaskStore for MemStore {
             // Paused without blocking the runtime, which the engine's other store calls share.
             if this.paused.load(SeqCst) {
                 this.waiting.fetch_add(1, SeqCst);
-                while this.paused.load(SeqCst) {
+                // Not forever: a test that fails while it holds the store paused must still
+                // end (its engine's drop waits for this write).
+                let start = std::time::Instant::now();
+                while this.paused.load(SeqCst) && start.elapsed() < HELD_AT_MOST {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
@@ -110,7 +113,8 @@ impl TaskStore for MemStore {
         async move {
             if held_back {
                 waiting.fetch_add(1, SeqCst);
-                while paused.load(SeqCst) {
+                let start = std::time::Instant::now();
+                while paused.load(SeqCst) && start.elapsed() < HELD_AT_MOST {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
@@ -149,6 +153,9 @@ impl TaskStore for MemStore {
 }
 
 const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The longest the store holds a call paused, so that a failed test ends.
+const HELD_AT_MOST: Duration = Duration::from_secs(60);
 
 #[test]
 fn the_engine_persists_and_restores_through_another_store() {
