@@ -227,7 +227,9 @@ fn main() {
     let mem_before = used_memory(&url);
     let mut cfg = PersistConfig::new(url.clone(), ns);
     cfg.flush_interval = Duration::from_secs(3_600);
-    cfg.journal_bound = args.tasks + 1;
+    // Room for the backlog and, beside it, for the producer below: the changes a round takes
+    // count against the bound until the round ends.
+    cfg.journal_bound = 2 * args.tasks + 1;
     let (persist, _fired) = Persistent::start(cfg).expect("persistent engine");
     assert!(persist.flush(Duration::from_secs(10)), "first flush");
     for (i, id) in ids[..args.tasks].iter().enumerate() {
