@@ -802,3 +802,39 @@ fn a_task_scheduled_while_its_broken_row_is_dead_lettered_stays_stored() {
     assert_eq!(envelope.payload, serde_json::json!("new"));
     p.shutdown();
 }
+
+/// While the store is down, a retry round is a probe of one batch: it does not take the whole
+/// journal each time, to put it all back under the engine's lock when the write fails (a stall
+/// for every producer, once per retry). Once the store answers, the rest is written.
+#[test]
+fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.batch = 10;
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let far = now_ms() + 3_600_000;
+    store.down.store(true, SeqCst);
+    for i in 0..100 {
+        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    assert!(!p.flush(Duration::from_millis(50)), "the store is down");
+    // The next round's writes wait (paused) before they fail: count the batches it sends.
+    store.paused.store(true, SeqCst);
+    let before = store.waiting.load(SeqCst);
+    assert!(!p.flush(Duration::from_millis(20)));
+    wait_until("the probe's write", || store.waiting.load(SeqCst) > before);
+    std::thread::sleep(Duration::from_millis(200)); // time for any other batch to be sent
+    assert_eq!(
+        store.waiting.load(SeqCst) - before,
+        1,
+        "a round sent more than one batch to a store that is down"
+    );
+    assert_eq!(p.journal_depth(), 100);
+    store.paused.store(false, SeqCst);
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids().len(), 100);
+    p.shutdown();
+}

@@ -175,8 +175,10 @@ enum Round {
     Snapshot(Vec<Arc<Envelope>>, Ids<Change>, Option<Instant>),
 }
 
-/// Takes the next round's work out of the journal (and, for a snapshot, the index).
-fn take_round(inner: &Inner) -> Round {
+/// Takes the next round's work out of the journal (and, for a snapshot, the index). While the
+/// store is `down`, a round is a probe of one batch: a failure then puts back one batch under
+/// the lock, not the whole journal (a stall for every producer, once per retry).
+fn take_round(inner: &Inner, down: bool) -> Round {
     let anchor = inner.cfg.clock.anchor();
     let mut state = inner.state.lock();
     state.anchor = anchor;
@@ -207,19 +209,30 @@ fn take_round(inner: &Inner) -> Round {
         journal.taken = journal.ops.len();
         return Round::Snapshot(all, std::mem::take(&mut journal.ops), journal.oldest.take());
     }
+    let (ops, oldest) = if down && journal.ops.len() > inner.cfg.batch {
+        // A probe: one batch, O(batch) here; the rest waits in the journal, oldest included.
+        let ids: Vec<TaskKey> = journal.ops.keys().take(inner.cfg.batch).cloned().collect();
+        let probe: Ids<Change> = ids
+            .into_iter()
+            .filter_map(|id| journal.ops.remove_entry(id.id()))
+            .collect();
+        (probe, None)
+    } else {
+        // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
+        (std::mem::take(&mut journal.ops), journal.oldest.take())
+    };
     if *restoring > 0 {
         // The removals this round takes leave the journal before they reach the store: a
         // restore running now may read their rows meanwhile, and must not load them.
-        for (id, change) in &journal.ops {
+        for (id, change) in &ops {
             if matches!(change, Change::Remove) {
                 gone.insert(id.clone(), ());
             }
         }
     }
-    // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
     journal.in_round = true;
-    journal.taken = journal.ops.len();
-    Round::Journal(std::mem::take(&mut journal.ops), journal.oldest.take())
+    journal.taken = ops.len();
+    Round::Journal(ops, oldest)
 }
 
 /// The earlier of two optional times (`None`: no time).
@@ -319,7 +332,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
     let mut down_since: Option<Instant> = None;
     loop {
         let stopping = inner.stopping.load(SeqCst);
-        let (result, written) = match take_round(inner) {
+        let (result, written) = match take_round(inner, down_since.is_some()) {
             Round::Journal(changes, oldest) => {
                 // In due order, so each batch touches one stretch of the ZSET (removals last):
                 // Redis takes a sorted stream about a third faster. Sorted with no lock held.
