@@ -38,6 +38,8 @@ struct MemStore {
     dead_waiting: Arc<AtomicUsize>,
     /// Dead-lettered rows: id → reason.
     dead: Arc<Mutex<BTreeMap<String, String>>>,
+    /// When set to n > 0, the n-th `apply` from then on fails (once).
+    fail_nth: Arc<AtomicUsize>,
 }
 
 impl MemStore {
@@ -66,6 +68,13 @@ impl TaskStore for MemStore {
                 let start = std::time::Instant::now();
                 while this.paused.load(SeqCst) && start.elapsed() < HELD_AT_MOST {
                     tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            let nth = this.fail_nth.load(SeqCst);
+            if nth > 0 {
+                this.fail_nth.store(nth - 1, SeqCst);
+                if nth == 1 {
+                    return Err(StoreError::new("this one write fails"));
                 }
             }
             this.check().map(|()| {
@@ -836,5 +845,47 @@ fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
     store.down.store(false, SeqCst);
     assert!(p.flush(PATIENCE));
     assert_eq!(store.ids().len(), 100);
+    p.shutdown();
+}
+
+/// A probe round (one batch, while the store was down) does not count as a flushed round: a
+/// probe that succeeds, a full round that fails, and another probe that succeeds must not
+/// make `flush` report the journal written (it counted two rounds, most of it unwritten).
+#[test]
+fn a_probe_round_does_not_count_as_flushed() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.batch = 10;
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let far = now_ms() + 3_600_000;
+    store.down.store(true, SeqCst);
+    for i in 0..100 {
+        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    assert!(!p.flush(Duration::from_millis(50)), "the store is down");
+    // Back, but the write after the probe's fails once.
+    store.fail_nth.store(2, SeqCst);
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(
+        store.ids().len(),
+        100,
+        "flush said done with the journal unwritten"
+    );
+    p.shutdown();
+}
+
+/// Once a restore has completed, memory holds every row: a later restore that fails does not
+/// hold snapshots back.
+#[test]
+fn a_failed_restore_after_a_complete_one_does_not_hold_snapshots_back() {
+    let store = stored((0..30).map(|i| format!("t{i:02}")));
+    let p = engine(&store);
+    assert_eq!(p.restore(100).unwrap().loaded, 30);
+    store.rows_panic.store(true, SeqCst);
+    assert!(p.restore(10).is_err());
+    assert_eq!(p.snapshot(PATIENCE), Some(30));
     p.shutdown();
 }

@@ -168,8 +168,10 @@ fn upsert_op(envelope: &Envelope) -> Option<Op> {
 
 /// What one flusher round writes.
 enum Round {
-    /// The journaled changes, and when the oldest of them was made.
-    Journal(Ids<Change>, Option<Instant>),
+    /// The journaled changes, when the oldest of them was made, and whether they are the
+    /// whole journal (not a probe): only a whole round counts as flushed, since `flush` and
+    /// WriteThrough take two flushed rounds to mean "everything before the call is written".
+    Journal(Ids<Change>, Option<Instant>, bool),
     /// The whole pending set (a snapshot), which subsumes the journal: the changes it took,
     /// put back if the snapshot fails, and when the oldest of them was made.
     Snapshot(Vec<Arc<Envelope>>, Ids<Change>, Option<Instant>),
@@ -209,17 +211,21 @@ fn take_round(inner: &Inner, down: bool) -> Round {
         journal.taken = journal.ops.len();
         return Round::Snapshot(all, std::mem::take(&mut journal.ops), journal.oldest.take());
     }
-    let (ops, oldest) = if down && journal.ops.len() > inner.cfg.batch {
+    let (ops, oldest, whole) = if down && journal.ops.len() > inner.cfg.batch {
         // A probe: one batch, O(batch) here; the rest waits in the journal, oldest included.
         let ids: Vec<TaskKey> = journal.ops.keys().take(inner.cfg.batch).cloned().collect();
         let probe: Ids<Change> = ids
             .into_iter()
             .filter_map(|id| journal.ops.remove_entry(id.id()))
             .collect();
-        (probe, None)
+        (probe, None, false)
     } else {
         // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
-        (std::mem::take(&mut journal.ops), journal.oldest.take())
+        (
+            std::mem::take(&mut journal.ops),
+            journal.oldest.take(),
+            true,
+        )
     };
     if *restoring > 0 {
         // The removals this round takes leave the journal before they reach the store: a
@@ -232,7 +238,7 @@ fn take_round(inner: &Inner, down: bool) -> Round {
     }
     journal.in_round = true;
     journal.taken = ops.len();
-    Round::Journal(ops, oldest)
+    Round::Journal(ops, oldest, whole)
 }
 
 /// The earlier of two optional times (`None`: no time).
@@ -332,8 +338,12 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
     let mut down_since: Option<Instant> = None;
     loop {
         let stopping = inner.stopping.load(SeqCst);
-        let (result, written) = match take_round(inner, down_since.is_some()) {
-            Round::Journal(changes, oldest) => {
+        // The final round takes everything, whatever the state of the store.
+        let probe = down_since.is_some() && !stopping;
+        let mut whole = true;
+        let (result, written) = match take_round(inner, probe) {
+            Round::Journal(changes, oldest, all) => {
+                whole = all;
                 // In due order, so each batch touches one stretch of the ZSET (removals last):
                 // Redis takes a sorted stream about a third faster. Sorted with no lock held.
                 let mut changes: Vec<(TaskKey, Change)> = changes.into_iter().collect();
@@ -433,7 +443,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     if written.is_some() {
                         journal.repair_wanted = false;
                     }
-                    if !journal.repair_wanted {
+                    if whole && !journal.repair_wanted {
                         journal.flushed += 1;
                     }
                     if let Some(n) = written {

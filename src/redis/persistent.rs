@@ -288,9 +288,12 @@ pub(super) struct State {
     /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
     /// over the rows they have not read yet.
     pub(super) restoring: usize,
-    /// The last restore to end failed: snapshots wait for one that completes, for the same
-    /// reason.
+    /// A restore failed and none has completed since: snapshots wait for one that completes,
+    /// for the same reason. (Once one has completed, memory holds every row, and a later one
+    /// that fails changes nothing.)
     pub(super) restore_failed: bool,
+    /// A restore has completed.
+    pub(super) restored: bool,
     /// Ids cancelled or acknowledged while a restore runs, or whose removal a flush round took
     /// out of the journal meanwhile: it must not load them again from a page read before their
     /// removal reached the store (a scan may also return a row twice).
@@ -455,6 +458,7 @@ impl<S: TaskStore> Persistent<S> {
                 index: Ids::default(),
                 restoring: 0,
                 restore_failed: false,
+                restored: false,
                 gone: Ids::default(),
                 journal: Journal::default(),
             }),
@@ -984,7 +988,12 @@ impl Drop for Restoring<'_> {
     fn drop(&mut self) {
         let mut state = self.inner.state.lock();
         state.restoring -= 1;
-        state.restore_failed = !self.completed;
+        if self.completed {
+            state.restored = true;
+            state.restore_failed = false;
+        } else if !state.restored {
+            state.restore_failed = true;
+        }
         if state.restoring == 0 {
             state.gone = Ids::default();
             if state.journal.snapshot_wanted && !state.restore_failed {
