@@ -812,11 +812,9 @@ fn a_task_scheduled_while_its_broken_row_is_dead_lettered_stays_stored() {
     p.shutdown();
 }
 
-/// While the store is down, a retry round is a probe of one batch: it does not take the whole
-/// journal each time, to put it all back under the engine's lock when the write fails (a stall
-/// for every producer, once per retry). Once the store answers, the rest is written.
-#[test]
-fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
+/// An engine (batches of 10, rounds only when asked for) whose store is down, with 100 changes
+/// journaled and one round failed already.
+fn down_with_100_changes() -> (MemStore, Persistent<MemStore>) {
     let store = MemStore::default();
     let mut cfg = PersistConfig::new("unused://", "unused");
     cfg.batch = 10;
@@ -829,6 +827,15 @@ fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
             .unwrap();
     }
     assert!(!p.flush(Duration::from_millis(50)), "the store is down");
+    (store, p)
+}
+
+/// While the store is down, a retry round is a probe of one batch: it does not take the whole
+/// journal each time, to put it all back under the engine's lock when the write fails (a stall
+/// for every producer, once per retry). Once the store answers, the rest is written.
+#[test]
+fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
+    let (store, p) = down_with_100_changes();
     // The next round's writes wait (paused) before they fail: count the batches it sends.
     store.paused.store(true, SeqCst);
     let before = store.waiting.load(SeqCst);
@@ -853,18 +860,7 @@ fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
 /// make `flush` report the journal written (it counted two rounds, most of it unwritten).
 #[test]
 fn a_probe_round_does_not_count_as_flushed() {
-    let store = MemStore::default();
-    let mut cfg = PersistConfig::new("unused://", "unused");
-    cfg.batch = 10;
-    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
-    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
-    let far = now_ms() + 3_600_000;
-    store.down.store(true, SeqCst);
-    for i in 0..100 {
-        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
-    assert!(!p.flush(Duration::from_millis(50)), "the store is down");
+    let (store, p) = down_with_100_changes();
     // Back, but the write after the probe's fails once.
     store.fail_nth.store(2, SeqCst);
     store.down.store(false, SeqCst);
