@@ -100,25 +100,27 @@ impl Journal {
     /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
     /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
     /// window, it costs no Redis command at all.
-    ///
-    /// A removal is journaled under the id alone ([`TaskKey::bare`]): it must not keep the
-    /// task's envelope (a payload can be 64 KiB) alive until it is flushed, which can be long
-    /// while Redis is down.
     pub(super) fn remove(&mut self, id: TaskKey, persisted: bool) {
         match self.ops.entry(id) {
             MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert(_)) => {
                 slot.remove();
             }
-            MapEntry::Occupied(slot) => {
-                let (key, _) = slot.remove_entry();
-                self.ops.insert(TaskKey::bare(key.id()), Change::Remove);
-            }
-            MapEntry::Vacant(slot) => {
-                let key = slot.into_key();
-                self.ops.insert(TaskKey::bare(key.id()), Change::Remove);
-                self.changed();
+            slot => {
+                let key = match slot {
+                    MapEntry::Occupied(slot) => slot.remove_entry().0,
+                    MapEntry::Vacant(slot) => slot.into_key(),
+                };
+                self.record_removal(key.id());
             }
         }
+    }
+
+    /// Records the removal of `id`'s task, replacing any earlier change to it, under the id
+    /// alone ([`TaskKey::bare`]): a removal must not keep the task's envelope (a payload can be
+    /// 64 KiB) alive until it is flushed, which can be long while Redis is down.
+    pub(super) fn record_removal(&mut self, id: &str) {
+        self.ops.remove(id);
+        self.record(TaskKey::bare(id), Change::Remove);
     }
 }
 
@@ -379,41 +381,38 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     // Changes made while this batch was out are newer: they win. Put back even
                     // when a snapshot is wanted: it may be held back (by a restore) for long,
                     // and must not be what these changes wait for.
-                    {
-                        // Built and failed, or never built: (id, whether it wrote the task).
-                        let again = failed
+                    // Built and failed, or never built: (id, whether it wrote the task).
+                    let again =
+                        failed
                             .iter()
-                            .map(|op| {
-                                let key = index
-                                    .get_key_value(op.id())
-                                    .map_or_else(|| TaskKey::bare(op.id()), |(key, _)| key.clone());
-                                (key, matches!(op, Op::Upsert { .. }))
-                            })
-                            .collect::<Vec<_>>()
-                            .into_iter()
+                            .map(|op| (op.id(), matches!(op, Op::Upsert { .. })))
                             .chain(unsent.iter().map(|(id, change)| {
-                                (id.clone(), matches!(change, Change::Upsert(_)))
+                                (id.id(), matches!(change, Change::Upsert(_)))
                             }));
-                        for (id, upsert) in again {
-                            // Redis may hold what a failed op left half done, or the version
-                            // an op was to remove (a task scheduled again since did not see
-                            // that removal in the journal): a cancel of the task now held
-                            // must reach Redis.
-                            let held = index.get_mut(&id).map(|entry| {
-                                entry.persisted = true;
-                                entry.envelope.due_at
-                            });
-                            if let MapEntry::Vacant(slot) = journal.ops.entry(id) {
-                                // Tried again: a write as the task's current version, or a
-                                // removal (also of a write whose task is gone since).
-                                slot.insert(match held {
-                                    Some(due_at) if upsert => Change::Upsert(due_at),
-                                    _ => Change::Remove,
-                                });
-                            }
+                    for (id, upsert) in again {
+                        // Redis may hold what a failed op left half done, or the version an op
+                        // was to remove (a task scheduled again since did not see that removal
+                        // in the journal): a cancel of the task now held must reach Redis,
+                        // whether or not a newer change to it is journaled.
+                        let mut held = index.get_mut(id);
+                        if let Some(entry) = held.as_deref_mut() {
+                            entry.persisted = true;
                         }
-                        journal.oldest = older(journal.oldest, oldest);
+                        if journal.ops.contains_key(id) {
+                            continue;
+                        }
+                        // Tried again: a write as the task's current version, or a removal
+                        // (also of a write whose task is gone since).
+                        match held {
+                            Some(entry) if upsert => {
+                                let due_at = entry.envelope.due_at;
+                                journal
+                                    .record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
+                            }
+                            _ => journal.record_removal(id),
+                        }
                     }
+                    journal.oldest = older(journal.oldest, oldest);
                 }
                 (error.map_or(Ok(()), Err), None)
             }

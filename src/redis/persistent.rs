@@ -690,8 +690,7 @@ impl<S: TaskStore> Persistent<S> {
             return false;
         };
         state.mark_gone(&id);
-        // Under the id alone: the removal must not keep the envelope alive until it is flushed.
-        state.journal.record(TaskKey::bare(id.id()), Change::Remove);
+        state.journal.record_removal(id.id());
         true
     }
 
@@ -800,8 +799,7 @@ impl<S: TaskStore> Persistent<S> {
                         // Cancelled or acknowledged since the restore began, before its row
                         // was read: no removal of this row is on its way (a task scheduled
                         // and cancelled meanwhile costs none), so the row would outlive it.
-                        let id = TaskKey::bare(&envelope.id);
-                        state.journal.record(id, Change::Remove);
+                        state.journal.record_removal(&envelope.id);
                     }
                     continue;
                 }
