@@ -412,19 +412,8 @@ mod tests {
             .hset(k.tasks(), "future", "{}")
             .query::<()>(&mut conn)
             .unwrap();
-        let claimed: Vec<String> = CLAIM
-            .key(k.due())
-            .key(k.tasks())
-            .key(k.lease())
-            .key(k.owner())
-            .key(k.fence())
-            .arg(now + 7_200_000)
-            .arg(10)
-            .arg("c1")
-            .arg(60_000)
-            .invoke(&mut conn)
-            .unwrap();
-        assert_eq!(claimed.len(), 1 + 3 * 3, "{claimed:?}");
+        let claimed = claim(&mut conn, &k, 60_000);
+        assert_eq!(claimed.len(), 3, "{claimed:?}");
         let lease = |conn: &mut redis::Connection, id: &str| -> i64 {
             redis::cmd("ZSCORE")
                 .arg(k.lease())
@@ -440,11 +429,7 @@ mod tests {
         let reap = |conn: &mut redis::Connection| reap(conn, &k, 0).0;
         assert_eq!(reap(&mut conn), 0);
         // A lease renewed runs from Redis's now; one that ran out is reaped, due now.
-        let owner: String = redis::cmd("HGET")
-            .arg(k.owner())
-            .arg("past")
-            .query(&mut conn)
-            .unwrap();
+        let (_, owner) = claimed.iter().find(|(id, _)| id == "past").unwrap();
         redis::cmd("ZADD")
             .arg(k.lease())
             .arg(now - 1)
@@ -456,7 +441,7 @@ mod tests {
             .key(k.owner())
             .arg(120_000)
             .arg("past")
-            .arg(&owner)
+            .arg(owner)
             .invoke(&mut conn)
             .unwrap();
         assert_eq!(renewed, 1);
