@@ -40,9 +40,20 @@ struct MemStore {
     dead: Arc<Mutex<BTreeMap<String, String>>>,
     /// When set to n > 0, the n-th `apply` from then on fails (once).
     fail_nth: Arc<AtomicUsize>,
+    /// While n > 0, `apply` and `replace_all` panic (counting n down) before they return a
+    /// future, as a broken store's client might.
+    panics: Arc<AtomicUsize>,
 }
 
 impl MemStore {
+    fn maybe_panic(&self) {
+        let left = self.panics.load(SeqCst);
+        if left > 0 {
+            self.panics.store(left - 1, SeqCst);
+            panic!("the store's client broke");
+        }
+    }
+
     fn check(&self) -> Result<(), StoreError> {
         self.calls.fetch_add(1, SeqCst);
         if self.down.load(SeqCst) {
@@ -58,6 +69,7 @@ impl MemStore {
 
 impl TaskStore for MemStore {
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.maybe_panic();
         let (this, ops) = (self.clone(), ops.to_vec());
         async move {
             // Paused without blocking the runtime, which the engine's other store calls share.
@@ -162,6 +174,7 @@ impl TaskStore for MemStore {
     }
 
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.maybe_panic();
         let result = self.check().map(|()| {
             let mut rows = self.table.lock();
             rows.clear();
@@ -224,6 +237,74 @@ fn the_engine_persists_and_restores_through_another_store() {
     assert!(expected.iter().all(|id| p.contains(id)));
     assert!(!p.contains("t0"));
     assert!(store.calls.load(SeqCst) > 0);
+}
+
+/// A store call that panics fails like a store that is down: a batch's changes are put back
+/// and retried until they land, and a snapshot is retried too. Before, a panicked batch was
+/// repaired only by a snapshot, and a panicking snapshot ended the flusher thread.
+#[test]
+fn a_store_that_panics_is_retried_like_one_that_is_down() {
+    let store = MemStore::default();
+    let (p, _fired) =
+        Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone()).unwrap();
+    let far = now_ms() + 3_600_000;
+    for i in 0..100 {
+        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    // The round's write panics, and so does the first retry.
+    store.panics.store(2, SeqCst);
+    assert!(
+        p.flush(PATIENCE),
+        "the changes of a panicked write never landed"
+    );
+    assert_eq!(store.panics.load(SeqCst), 0, "the store was not called");
+    assert_eq!(store.ids().len(), 100);
+
+    for i in 0..50 {
+        assert!(p.cancel(&format!("t{i}")));
+    }
+    // Written first, so that the snapshot is the next store call.
+    assert!(p.flush(PATIENCE));
+    store.panics.store(1, SeqCst);
+    assert_eq!(
+        p.snapshot(PATIENCE),
+        Some(50),
+        "a panicked snapshot was not retried"
+    );
+    assert_eq!(store.panics.load(SeqCst), 0);
+    let expected: HashSet<String> = (50..100).map(|i| format!("t{i}")).collect();
+    assert_eq!(store.ids(), expected);
+
+    // The flusher still runs.
+    p.schedule("after", "t", serde_json::json!(0), far).unwrap();
+    assert!(p.flush(PATIENCE));
+    assert!(store.ids().contains("after"));
+}
+
+/// While the store is down, retries back off (up to a second apart) even with a caller
+/// waiting in `flush`, as WriteThrough producers wait too: the kicks such a caller gives after
+/// every round do not cut the backoff short. They did, and rounds ran back to back.
+#[test]
+fn a_waiting_caller_does_not_cut_the_backoff_short() {
+    let store = MemStore::default();
+    let (p, _fired) =
+        Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone()).unwrap();
+    store.down.store(true, SeqCst);
+    p.schedule("a", "t", serde_json::json!(0), now_ms() + 3_600_000)
+        .unwrap();
+    let before = store.calls.load(SeqCst);
+    assert!(!p.flush(Duration::from_millis(1_500)));
+    let calls = store.calls.load(SeqCst) - before;
+    // From the flush interval (5 ms) doubling up to 1 s: 10 + 20 + … + 640 ms = 1.27 s, about
+    // nine rounds in 1.5 s, fewer on a slow machine.
+    assert!(
+        calls <= 20,
+        "{calls} store calls in 1.5 s while it was down"
+    );
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert!(store.ids().contains("a"));
 }
 
 /// Scheduling an id again replaces the task: the store ends with the last envelope, whether

@@ -7,9 +7,13 @@
 //! outside it.
 
 use std::collections::hash_map::Entry as MapEntry;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
 
 use super::envelope::Envelope;
 use super::persistent::{Ids, Inner, State, TaskKey};
@@ -62,7 +66,7 @@ pub(super) struct Journal {
     /// Changes the round in progress took out of `ops` and has not booked yet: they count
     /// against `journal_bound` as much as those still in `ops` (a failed round puts them back).
     pub(super) taken: usize,
-    /// A batch's operations were lost (its write panicked): until a snapshot succeeds, rounds
+    /// A batch's operations were lost (its task ended without handing them back): until a snapshot succeeds, rounds
     /// do not count as flushed, so `flush` and WriteThrough do not report what is missing.
     pub(super) repair_wanted: bool,
 }
@@ -267,7 +271,7 @@ struct Written {
     failed: Vec<Op>,
     /// The first failure.
     error: Option<StoreError>,
-    /// A batch was lost: its write panicked, and its operations with it.
+    /// A batch was lost: its task ended without handing it back.
     lost: bool,
 }
 
@@ -283,14 +287,38 @@ impl Written {
                 self.failed.extend(chunk);
             }
             Err(join) => {
-                // The store's future panicked and took its batch with it. Report it as a
-                // failure whose operations are gone: the caller then asks for a snapshot,
-                // which rewrites the whole pending set, so nothing stays lost.
-                tracing::error!(error = %join, "a store write panicked; a snapshot will repair it");
-                let e = StoreError::new(format!("store write panicked: {join}"));
+                // The task ended without handing its batch back. A panic in the store call is
+                // caught inside it (`guarded`), so only a task cancelled under us gets here.
+                // Report it as a failure whose operations are gone: the caller then asks for a
+                // snapshot, which rewrites the whole pending set, so nothing stays lost.
+                tracing::error!(error = %join, "a store write was lost; a snapshot will repair it");
+                let e = StoreError::new(format!("store write lost: {join}"));
                 self.error.get_or_insert(e);
                 self.lost = true;
             }
+        }
+    }
+}
+
+/// Runs a store call (built inside `call`, so a panic while building it counts too), and turns
+/// a panic in it into a [`StoreError`]. A broken store then fails like one that is down: the
+/// batch's changes go back into the journal and are retried with backoff, and a snapshot that
+/// panics is retried too, instead of ending the flusher thread (whose journal would then only
+/// grow until producers hit its bound).
+async fn guarded<T>(
+    what: &'static str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".into());
+            tracing::error!(call = what, panic = %message, "a store call panicked");
+            Err(StoreError::new(format!("store {what} panicked: {message}")))
         }
     }
 }
@@ -322,7 +350,7 @@ fn write_batches<S: TaskStore>(
             }
             let store = store.clone();
             in_flight.spawn(async move {
-                let result = store.apply(&chunk).await;
+                let result = guarded("write", async { store.apply(&chunk).await }).await;
                 (result, chunk)
             });
         }
@@ -418,7 +446,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             }
             Round::Snapshot(envelopes, subsumed, oldest) => {
                 let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
-                match rt.block_on(store.replace_all(&ops)) {
+                match rt.block_on(guarded("snapshot", async { store.replace_all(&ops).await })) {
                     Ok(()) => (Ok(()), Some(ops.len())),
                     Err(e) => {
                         // The store is as it was: the changes the snapshot took are still to be
@@ -470,7 +498,15 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             break;
         }
         let mut state = inner.state.lock();
-        if !inner.stopping.load(SeqCst) && (!state.journal.kicked || down_since.is_some()) {
+        if down_since.is_some() {
+            // Backing off: a kick (a `flush` or WriteThrough caller waiting, which kicks after
+            // every round) does not cut the wait short, or a waiting caller would make the
+            // retries run back to back against a store that is down. Shutdown does.
+            let until = Instant::now() + backoff;
+            while !inner.stopping.load(SeqCst)
+                && !inner.kick.wait_until(&mut state, until).timed_out()
+            {}
+        } else if !inner.stopping.load(SeqCst) && !state.journal.kicked {
             inner.kick.wait_for(&mut state, backoff);
         }
         state.journal.kicked = false;
