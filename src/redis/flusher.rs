@@ -503,9 +503,11 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             // every round) does not cut the wait short, or a waiting caller would make the
             // retries run back to back against a store that is down. Shutdown does.
             let until = Instant::now() + backoff;
-            while !inner.stopping.load(SeqCst)
-                && !inner.kick.wait_until(&mut state, until).timed_out()
-            {}
+            while !inner.stopping.load(SeqCst) {
+                if inner.kick.wait_until(&mut state, until).timed_out() {
+                    break;
+                }
+            }
         } else if !inner.stopping.load(SeqCst) && !state.journal.kicked {
             inner.kick.wait_for(&mut state, backoff);
         }
