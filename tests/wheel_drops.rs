@@ -1,9 +1,11 @@
 //! The wheel stores values in `MaybeUninit` records (see `src/wheel/keys.rs`). These tests run
 //! random operations on values that record their own drops, and check that every value is
 //! dropped exactly once, whichever way it leaves the wheel (fired, cancelled, drained, cleared,
-//! or dropped with the wheel), and that values read through `iter` are the live ones.
+//! or dropped with the wheel), and that values read through `iter` are the live ones. Drains
+//! are also leaked part-way, and a value's drop panics inside `clear`: the wheel must stay
+//! whole either way (every timer left fires at its deadline).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
 
@@ -16,12 +18,21 @@ struct Tracked {
     dropped: Rc<RefCell<Vec<u64>>>,
     /// Heap data, so a double drop or a use after free shows up as a crash or garbage.
     payload: Box<[u64; 4]>,
+    /// Counts drops down; the drop that takes it from 1 to 0 panics (after recording itself).
+    bomb: Rc<Cell<u32>>,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
         assert_eq!(self.payload[0], self.id, "value corrupted");
         self.dropped.borrow_mut().push(self.id);
+        let left = self.bomb.get();
+        if left > 0 {
+            self.bomb.set(left - 1);
+            if left == 1 {
+                panic!("a value's drop panicked");
+            }
+        }
     }
 }
 
@@ -33,6 +44,10 @@ enum Op {
     Poll(u64),
     Iter,
     DrainSome(usize),
+    /// Take a few from a drain, then leak it.
+    ForgetDrain(usize),
+    /// `clear`, with the n-th drop (from 1) panicking.
+    ClearPanicking(u32),
     Clear,
     Shrink,
 }
@@ -45,6 +60,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u64..2_000).prop_map(Op::Poll),
         1 => Just(Op::Iter),
         1 => (0usize..5).prop_map(Op::DrainSome),
+        1 => (0usize..5).prop_map(Op::ForgetDrain),
+        1 => (1u32..6).prop_map(Op::ClearPanicking),
         1 => Just(Op::Clear),
         1 => Just(Op::Shrink),
     ]
@@ -56,8 +73,10 @@ proptest! {
     #[test]
     fn every_value_is_dropped_exactly_once(ops in proptest::collection::vec(op(), 1..120)) {
         let dropped = Rc::new(RefCell::new(Vec::new()));
+        let bomb = Rc::new(Cell::new(0));
         let mut created = 0u64;
-        let mut live: BTreeMap<TimerKey, u64> = BTreeMap::new();
+        // key → (id, deadline)
+        let mut live: BTreeMap<TimerKey, (u64, u64)> = BTreeMap::new();
         let mut keys = Vec::new();
         {
             let mut wheel: Wheel<Tracked> = Wheel::new();
@@ -67,36 +86,63 @@ proptest! {
                     Op::Insert(d) => {
                         let id = created;
                         created += 1;
-                        let value = Tracked { id, dropped: dropped.clone(), payload: Box::new([id; 4]) };
+                        let value = Tracked {
+                            id,
+                            dropped: dropped.clone(),
+                            payload: Box::new([id; 4]),
+                            bomb: bomb.clone(),
+                        };
                         let key = wheel.insert(now + d, value);
-                        live.insert(key, id);
+                        live.insert(key, (id, now + d));
                         keys.push(key);
                     }
                     Op::Cancel(i) if !keys.is_empty() => {
                         let key = keys[i % keys.len()];
                         let got = wheel.cancel(key).map(|v| v.id);
-                        prop_assert_eq!(got, live.remove(&key));
+                        prop_assert_eq!(got, live.remove(&key).map(|(id, _)| id));
                     }
                     Op::Reset(i, d) if !keys.is_empty() => {
                         let key = keys[i % keys.len()];
-                        prop_assert_eq!(wheel.reset(key, now + d), live.contains_key(&key));
+                        let held = live.get_mut(&key).map(|v| v.1 = now + d).is_some();
+                        prop_assert_eq!(wheel.reset(key, now + d), held);
                     }
                     Op::Poll(step) => {
                         while let Some(e) = wheel.poll(now + step) {
-                            prop_assert_eq!(live.remove(&e.key), Some(e.value.id));
+                            prop_assert!(e.deadline <= now + step, "fired early");
+                            prop_assert_eq!(live.remove(&e.key), Some((e.value.id, e.deadline)));
                         }
+                        prop_assert!(live.values().all(|v| v.1 > now + step), "a due timer did not fire");
                     }
                     Op::Iter => {
-                        let seen: BTreeMap<TimerKey, u64> =
-                            wheel.iter().map(|(k, _, v)| (k, v.id)).collect();
+                        let seen: BTreeMap<TimerKey, (u64, u64)> =
+                            wheel.iter().map(|(k, d, v)| (k, (v.id, d))).collect();
                         prop_assert_eq!(&seen, &live);
                     }
                     Op::DrainSome(n) => {
                         // Take a few, drop the iterator: the rest are dropped too.
                         for e in wheel.drain().take(*n) {
-                            prop_assert_eq!(live.remove(&e.key), Some(e.value.id));
+                            prop_assert_eq!(live.remove(&e.key), Some((e.value.id, e.deadline)));
                         }
                         live.clear();
+                    }
+                    Op::ForgetDrain(n) => {
+                        // Leaked: the ones not taken stay pending.
+                        let mut drain = wheel.drain();
+                        for e in drain.by_ref().take(*n) {
+                            prop_assert_eq!(live.remove(&e.key), Some((e.value.id, e.deadline)));
+                        }
+                        std::mem::forget(drain);
+                    }
+                    Op::ClearPanicking(nth) => {
+                        bomb.set(*nth);
+                        let cleared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            wheel.clear()
+                        }));
+                        prop_assert_eq!(cleared.is_err(), bomb.get() == 0);
+                        bomb.set(0);
+                        // Whatever was dropped is gone; the rest must still be pending.
+                        let gone: HashSet<u64> = dropped.borrow().iter().copied().collect();
+                        live.retain(|_, v| !gone.contains(&v.0));
                     }
                     Op::Clear => {
                         wheel.clear();
@@ -109,8 +155,13 @@ proptest! {
                 // Everything that left the wheel has been dropped, nothing pending has.
                 let dropped_now: HashSet<u64> = dropped.borrow().iter().copied().collect();
                 prop_assert_eq!(dropped_now.len(), dropped.borrow().len(), "double drop");
-                for id in live.values() {
+                for (id, _) in live.values() {
                     prop_assert!(!dropped_now.contains(id), "pending value {} dropped", id);
+                }
+                match (wheel.next_deadline(), live.values().map(|v| v.1).min()) {
+                    (None, None) => {}
+                    (Some(next), Some(min)) => prop_assert!(next <= min),
+                    (next, min) => prop_assert!(false, "next_deadline {:?}, earliest {:?}", next, min),
                 }
                 prop_assert_eq!(dropped_now.len() as u64 + live.len() as u64, created);
             }

@@ -1,5 +1,6 @@
-//! Iteration over the pending timers: borrowing ([`Iter`]) and removing ([`Drain`]). Both walk
-//! the key table, where the values live, in index order.
+//! Iteration over the pending timers: borrowing ([`Iter`], which walks the key table, where the
+//! values live, in index order) and removing ([`Drain`], which takes the slot lists' elements
+//! from their ends, so that the wheel stays consistent whenever it stops).
 
 use std::fmt;
 
@@ -54,18 +55,16 @@ impl<T> fmt::Debug for Iter<'_, T> {
 }
 
 /// Removing iterator over the pending timers, from [`Wheel::drain`]. Dropping it removes
-/// whatever it has not yielded yet.
+/// whatever it has not yielded yet. Leaking it leaves the rest pending, as they were.
 pub struct Drain<'a, T> {
     wheel: &'a mut Wheel<T>,
-    index: usize,
+    /// The list `Wheel::pop_any` takes from next.
+    list: usize,
 }
 
 impl<'a, T> Drain<'a, T> {
     pub(super) fn new(wheel: &'a mut Wheel<T>) -> Self {
-        // The slot lists only point at records: empty them all now, and take the values from
-        // the records one by one below.
-        wheel.clear_lists();
-        Drain { wheel, index: 0 }
+        Drain { wheel, list: 0 }
     }
 }
 
@@ -73,20 +72,14 @@ impl<T> Iterator for Drain<'_, T> {
     type Item = Expired<T>;
 
     fn next(&mut self) -> Option<Expired<T>> {
-        while self.wheel.keys.len() > 0 {
-            let index = self.index;
-            let record = self.wheel.keys.entries.get(index)?;
-            self.index += 1;
-            if record.value().is_some() {
-                let (key, deadline, value) = self.wheel.keys.take(index as u32);
-                return Some(Expired {
-                    key,
-                    deadline,
-                    value,
-                });
-            }
-        }
-        None
+        // One element off a list, then its record: the wheel is whole between calls.
+        let index = self.wheel.pop_any(&mut self.list)?;
+        let (key, deadline, value) = self.wheel.keys.take(index);
+        Some(Expired {
+            key,
+            deadline,
+            value,
+        })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

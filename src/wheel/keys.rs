@@ -9,7 +9,11 @@
 //!   [`Keys::take`] (occupied → vacant, moves the value out). Nothing else writes `gen` of an
 //!   occupied record, so the parity always tells whether `value` may be read.
 //! * The generation changes on both transitions, so a [`TimerKey`] matches at most one
-//!   occupancy of its record.
+//!   occupancy of its record. It never wraps: a record whose occupancy took the last odd
+//!   generation is **retired** when it is vacated (generation [`RETIRED`], off the free list,
+//!   never popped by `shrink_to_fit`), and `shrink_to_fit` only truncates records below
+//!   [`FLOOR_MAX`], so every record starts with at least 2^31 uses ahead of it. A retired record
+//!   costs its 24 bytes once per 2^31 uses of one index.
 
 #![allow(unsafe_code)]
 
@@ -54,6 +58,14 @@ impl fmt::Debug for TimerKey {
 /// The end of the free list, and the largest index never handed out.
 pub(crate) const NONE: u32 = u32::MAX;
 
+/// The generation of a retired record: vacant (even), and never produced otherwise (a vacated
+/// record's generation is at least 2 unless it would have wrapped).
+const RETIRED: u32 = 0;
+
+/// `shrink_to_fit` leaves in place a vacant record whose generation is this high or more, so
+/// `gen_floor` (and the first generation of any record) stays at most this.
+const FLOOR_MAX: u32 = 1 << 31;
+
 /// One timer's record: 24 bytes for `T = u64`.
 pub(crate) struct Record<T> {
     pub(crate) deadline: u64,
@@ -85,7 +97,8 @@ impl<T> Record<T> {
 pub(crate) struct Keys<T> {
     pub(crate) entries: Vec<Record<T>>,
     free_head: u32,
-    /// Even; records created later start above it, so keys to truncated records stay stale.
+    /// Even, at most [`FLOOR_MAX`]; records created later start above it, so keys to truncated
+    /// records stay stale.
     gen_floor: u32,
     len: usize,
 }
@@ -185,25 +198,21 @@ impl<T> Keys<T> {
         let e = &mut self.entries[index as usize];
         assert!(e.occupied(), "delaywheel bug: taking a vacant record");
         let key = TimerKey { index, gen: e.gen };
+        let retire = e.gen == u32::MAX;
+        // `RETIRED` is `u32::MAX + 1` wrapped: even either way.
         e.gen = e.gen.wrapping_add(1);
-        e.pos = free_head;
         // SAFETY: the record was occupied (checked above), so `value` was initialised; the
         // generation is now even, so it is never read again until `alloc` writes a new value.
         let value = unsafe { e.value.assume_init_read() };
-        self.free_head = index;
+        if retire {
+            // The next generation would be one already handed out: never reuse this record.
+            debug_assert_eq!(e.gen, RETIRED);
+        } else {
+            e.pos = free_head;
+            self.free_head = index;
+        }
         self.len -= 1;
         (key, e.deadline, value)
-    }
-
-    /// Drops every value and frees every record (used by `clear`); keys handed out before stay
-    /// stale.
-    pub(crate) fn free_all(&mut self) {
-        for i in 0..self.entries.len() {
-            if self.entries[i].occupied() {
-                drop(self.take(i as u32));
-            }
-        }
-        self.rebuild_free_list();
     }
 
     /// Drops trailing vacant records and releases spare capacity. The free list is rebuilt in
@@ -211,12 +220,14 @@ impl<T> Keys<T> {
     /// shrink release more.
     pub(crate) fn shrink_to_fit(&mut self) {
         while let Some(last) = self.entries.last() {
-            if last.occupied() {
+            // A retired record, or one used so often that a record recreated above its
+            // generations would have few left, stays.
+            if last.occupied() || last.gen == RETIRED || last.gen >= FLOOR_MAX {
                 break;
             }
             // Keys naming this index stay stale: new records start above every generation it had.
-            // (A 32-bit generation can only make a stale key collide after 2^31 reuses.)
-            self.gen_floor = self.gen_floor.max(last.gen.wrapping_add(2) & !1);
+            self.gen_floor = self.gen_floor.max(last.gen + 2);
+            debug_assert!(self.gen_floor <= FLOOR_MAX && self.gen_floor % 2 == 0);
             // A vacant record holds no value, so popping it drops nothing.
             self.entries.pop();
         }
@@ -227,7 +238,7 @@ impl<T> Keys<T> {
     fn rebuild_free_list(&mut self) {
         self.free_head = NONE;
         for (i, e) in self.entries.iter_mut().enumerate().rev() {
-            if !e.occupied() {
+            if !e.occupied() && e.gen != RETIRED {
                 e.pos = self.free_head;
                 self.free_head = i as u32;
             }
@@ -249,5 +260,64 @@ impl<T> Drop for Keys<T> {
                 unsafe { e.value.assume_init_drop() };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record whose generation would wrap is retired: a key of its first occupancy can never
+    /// match it again, and neither the free list nor a shrink hands the index out again.
+    #[test]
+    fn a_record_is_retired_before_its_generation_wraps() {
+        let mut keys: Keys<u64> = Keys::with_capacity(0);
+        let first = keys.alloc(1, 10).unwrap();
+        assert_eq!((first.index, first.gen), (0, 1));
+        keys.take(first.index);
+        // As if index 0 had been used 2^31 − 1 times since.
+        keys.entries[0].gen = u32::MAX - 1;
+        let last = keys.alloc(2, 20).unwrap();
+        assert_eq!((last.index, last.gen), (0, u32::MAX));
+        assert_eq!(keys.take(last.index), (last, 2, 20));
+        assert_eq!(keys.entries[0].gen, RETIRED);
+        let next = keys.alloc(3, 30).unwrap();
+        assert_eq!(next.index, 1, "a retired record was reused");
+        assert!(keys.get(first).is_none() && keys.get(last).is_none());
+        keys.take(next.index);
+        // Truncation stops at the retired record, and the free list skips it.
+        keys.shrink_to_fit();
+        assert_eq!(keys.entries.len(), 1);
+        let again = keys.alloc(4, 40).unwrap();
+        assert_eq!(again.index, 1);
+        assert!(
+            again.gen > next.gen,
+            "index 1 came back with a used generation"
+        );
+        assert!(keys.get(next).is_none());
+    }
+
+    /// A much-used vacant record is not truncated, so the floor that records recreated after a
+    /// shrink start from stays low, and each of them has at least 2^31 uses ahead of it.
+    #[test]
+    fn a_shrink_keeps_the_generation_floor_low() {
+        let mut keys: Keys<u64> = Keys::with_capacity(0);
+        let a = keys.alloc(1, 1).unwrap();
+        keys.take(a.index);
+        keys.entries[0].gen = FLOOR_MAX;
+        keys.shrink_to_fit();
+        assert_eq!(keys.entries.len(), 1, "a much-used record was truncated");
+        assert!(keys.gen_floor <= FLOOR_MAX);
+        let b = keys.alloc(2, 2).unwrap();
+        assert_eq!((b.index, b.gen), (0, FLOOR_MAX + 1));
+        // A little-used one is truncated, and recreated above its generations.
+        let c = keys.alloc(3, 3).unwrap();
+        assert_eq!((c.index, c.gen), (1, 1));
+        keys.take(c.index);
+        keys.shrink_to_fit();
+        assert_eq!(keys.entries.len(), 1);
+        let d = keys.alloc(4, 4).unwrap();
+        assert_eq!(d.index, 1);
+        assert!(d.gen > c.gen && keys.get(c).is_none());
     }
 }

@@ -426,14 +426,18 @@ impl<T> Wheel<T> {
 
     /// Removes every pending timer and yields it, in no particular order (for shutdown and
     /// snapshots). Dropping the iterator early removes the rest too. The wheel's time is kept.
+    ///
+    /// The wheel is consistent after every step: if the iterator is leaked (`mem::forget`), or
+    /// a value's `Drop` panics while the iterator drops the rest, the timers not yet removed
+    /// stay pending, and fire, cancel and reset as before.
     pub fn drain(&mut self) -> Drain<'_, T> {
         Drain::new(self)
     }
 
-    /// Removes every pending timer, dropping the values. Keys handed out before stay stale.
+    /// Removes every pending timer, dropping the values. Keys handed out before stay stale. If a
+    /// value's `Drop` panics, the panic propagates and the timers not yet dropped stay pending.
     pub fn clear(&mut self) {
-        self.clear_lists();
-        self.keys.free_all();
+        self.drain().for_each(drop);
     }
 
     /// Returns memory to the allocator after a peak: spare capacity of every slot and of the key
@@ -469,20 +473,45 @@ impl<T> Wheel<T> {
             .chain(std::iter::once(&mut self.overflow))
     }
 
-    /// Empties every slot list (keeping capacity) and the occupancy bitmaps; the records are
-    /// left to the caller.
-    pub(crate) fn clear_lists(&mut self) {
-        for list in self.lists_mut() {
-            list.clear();
+    /// Removes one pending timer's element from the end of a list and returns its record's
+    /// index, or `None` when every list is empty. Lists are visited in order from `*from`
+    /// (0: ready, then every slot, then overflow), which moves past the lists it empties.
+    /// Taking from the end moves no other element, so the wheel is consistent after each call
+    /// (the caller then takes the record).
+    pub(crate) fn pop_any(&mut self, from: &mut usize) -> Option<u32> {
+        let slots = self.slots.len();
+        while *from <= slots + 1 {
+            let i = *from;
+            let list = match i {
+                0 => &mut self.ready,
+                i if i <= slots => &mut self.slots[i - 1],
+                _ => &mut self.overflow,
+            };
+            if let Some(elem) = list.pop() {
+                // The caller takes this record now; start loading one a few calls ahead.
+                if let Some(ahead) = list.len().checked_sub(PREFETCH_AHEAD) {
+                    let next = list[ahead].key as usize;
+                    prefetch(self.keys.entries.as_ptr().wrapping_add(next));
+                }
+                if list.is_empty() {
+                    match i {
+                        // Popping the end keeps the ready list's order; empty, it has none.
+                        0 => {
+                            self.ready_sorted = true;
+                            self.ready_min = u64::MAX;
+                        }
+                        i if i <= slots => {
+                            let per_level = self.layout.slots_per_level();
+                            self.clear_occupied((i - 1) / per_level, (i - 1) % per_level);
+                        }
+                        _ => self.overflow_min = u64::MAX,
+                    }
+                }
+                return Some(elem.key);
+            }
+            *from += 1;
         }
-        self.occupied.iter_mut().for_each(|o| *o = 0);
-        self.reset_list_bounds();
-    }
-
-    fn reset_list_bounds(&mut self) {
-        self.ready_sorted = true;
-        self.ready_min = u64::MAX;
-        self.overflow_min = u64::MAX;
+        None
     }
 
     #[inline]
@@ -562,8 +591,13 @@ impl<T> Wheel<T> {
         };
         if pos < list.len() {
             list[pos] = last;
-            self.keys.entries[last.key as usize].pos = pos as u32;
-            if loc == Loc::Ready {
+            let moved = &mut self.keys.entries[last.key as usize];
+            moved.pos = pos as u32;
+            // The ready list is sorted by descending deadline, so the last element has the
+            // smallest; moved up to `pos`, it keeps the order only if it ties with the timer
+            // removed (then everything from `pos` on ties). Timers due in one tick tie, and
+            // cancelling among them must not cost a re-sort at every pop.
+            if loc == Loc::Ready && moved.deadline != deadline {
                 self.ready_sorted = false;
             }
         }
@@ -689,6 +723,33 @@ impl<T> Wheel<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Cancelling among timers that tie in the ready list keeps it sorted: no re-sort (an
+    /// O(n log n) pass and a rewrite of every position) at the next pop. A cancel whose filler
+    /// has another deadline does unsort it, and the pops still come out in order.
+    #[test]
+    fn cancelling_among_tied_ready_timers_keeps_the_order() {
+        let mut wheel = Wheel::new();
+        assert!(wheel.poll(50).is_none());
+        // Due already, so straight into the ready list, in descending order: 20, then 10s.
+        let later = wheel.insert(20, -1);
+        let tied: Vec<TimerKey> = (0..100).map(|i| wheel.insert(10, i)).collect();
+        assert!(wheel.ready_sorted);
+        for &key in &tied[1..60] {
+            assert!(wheel.cancel(key).is_some());
+            assert!(wheel.ready_sorted, "a tied cancel unsorted the ready list");
+        }
+        // The filler from the end (due at 10) moves to the front, before a 10: unsorted.
+        assert!(wheel.cancel(later).is_some());
+        assert!(!wheel.ready_sorted);
+        let fired: Vec<i32> = std::iter::from_fn(|| wheel.poll(50).map(|e| e.value)).collect();
+        let mut expected: Vec<i32> = std::iter::once(0).chain(60..100).collect();
+        let mut sorted = fired.clone();
+        sorted.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(sorted, expected);
+        assert!(wheel.is_empty());
+    }
 
     #[test]
     fn sizes_for_u64() {

@@ -3,9 +3,33 @@
 //! Shared by the cargo-fuzz target (`fuzz/fuzz_targets/wheel_ops.rs`) and by the test
 //! `tests/wheel_fuzz_replay.rs`, which runs it on random inputs so it cannot rot.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use delaywheel::wheel::{Layout, TimerKey, Wheel};
+
+thread_local! {
+    /// Values alive (created and not yet dropped), to catch a double drop or a leak.
+    static ALIVE: Cell<i64> = const { Cell::new(0) };
+}
+
+/// A value on the heap (so a double drop or a use after free crashes, or trips the sanitizer)
+/// that counts itself alive.
+#[derive(Debug)]
+struct Val(Box<u32>);
+
+impl Val {
+    fn new(v: u32) -> Val {
+        ALIVE.with(|a| a.set(a.get() + 1));
+        Val(Box::new(v))
+    }
+}
+
+impl Drop for Val {
+    fn drop(&mut self) {
+        ALIVE.with(|a| a.set(a.get() - 1));
+    }
+}
 
 /// Reads little-endian values off the input; missing bytes read as zero.
 struct Input<'a>(&'a [u8]);
@@ -50,6 +74,7 @@ pub fn run(data: &[u8]) {
     let mut model: BTreeMap<TimerKey, (u64, u32)> = BTreeMap::new();
     let mut issued: Vec<TimerKey> = Vec::new();
     let mut value = 0u32;
+    let alive_before = ALIVE.with(Cell::get);
     while let Some(op) = input.byte() {
         let now = wheel.now();
         match op % 8 {
@@ -61,13 +86,14 @@ pub fn run(data: &[u8]) {
                     now.saturating_add(span)
                 };
                 value += 1;
-                let key = wheel.insert(deadline, value);
+                let key = wheel.insert(deadline, Val::new(value));
                 assert!(model.insert(key, (deadline, value)).is_none());
                 issued.push(key);
             }
             2 => {
                 if let Some(&key) = issued.get(input.u64(2) as usize % issued.len().max(1)) {
-                    assert_eq!(wheel.cancel(key), model.remove(&key).map(|v| v.1));
+                    let got = wheel.cancel(key).map(|v| *v.0);
+                    assert_eq!(got, model.remove(&key).map(|v| v.1));
                 }
             }
             3 => {
@@ -103,17 +129,54 @@ pub fn run(data: &[u8]) {
                     let min = model.values().map(|v| v.0).min();
                     assert_eq!(Some(e.deadline), min, "not the earliest");
                     assert!(e.deadline <= effective, "fired early");
-                    assert_eq!(model.remove(&e.key), Some((e.deadline, e.value)));
+                    assert_eq!(model.remove(&e.key), Some((e.deadline, *e.value.0)));
                     taken += 1;
                 }
             }
-            6 => {
-                let drained = wheel.drain().count();
-                assert_eq!(drained, model.len());
-                model.clear();
+            6 => match input.byte().unwrap_or(0) % 4 {
+                0 => {
+                    for e in wheel.drain() {
+                        assert_eq!(model.remove(&e.key), Some((e.deadline, *e.value.0)));
+                    }
+                    assert!(model.is_empty());
+                }
+                sub => {
+                    let take = usize::from(input.byte().unwrap_or(0) % 8);
+                    let mut drain = wheel.drain();
+                    for e in drain.by_ref().take(take) {
+                        assert_eq!(model.remove(&e.key), Some((e.deadline, *e.value.0)));
+                    }
+                    match sub {
+                        // Dropped early: removes the rest.
+                        1 => {
+                            drop(drain);
+                            model.clear();
+                        }
+                        // Leaked: the rest stay pending, and must fire as before.
+                        2 => std::mem::forget(drain),
+                        _ => {
+                            drop(drain);
+                            wheel.clear();
+                            model.clear();
+                        }
+                    }
+                }
+            },
+            _ => {
+                if input.byte().unwrap_or(0) % 2 == 0 {
+                    wheel.shrink_to_fit();
+                } else {
+                    let seen: BTreeMap<TimerKey, (u64, u32)> =
+                        wheel.iter().map(|(k, d, v)| (k, (d, *v.0))).collect();
+                    assert_eq!(seen, model, "iter disagrees");
+                }
             }
-            _ => wheel.shrink_to_fit(),
         }
+        assert_eq!(
+            ALIVE.with(Cell::get) - alive_before,
+            model.len() as i64,
+            "values alive != timers pending"
+        );
         assert_eq!(wheel.len(), model.len());
         match (wheel.next_deadline(), model.values().map(|v| v.0).min()) {
             (None, None) => {}
@@ -121,7 +184,18 @@ pub fn run(data: &[u8]) {
             (next, min) => panic!("next_deadline {next:?} with earliest {min:?}"),
         }
     }
-    let rest = std::iter::from_fn(|| wheel.poll(u64::MAX)).count();
-    assert_eq!(rest, model.len());
-    assert!(wheel.is_empty());
+    if first & 0x40 != 0 {
+        // Dropped with timers pending: the wheel's own drop frees them.
+        drop(wheel);
+    } else {
+        let rest = std::iter::from_fn(|| wheel.poll(u64::MAX)).count();
+        assert_eq!(rest, model.len());
+        assert!(wheel.is_empty());
+        drop(wheel);
+    }
+    assert_eq!(
+        ALIVE.with(Cell::get),
+        alive_before,
+        "values leaked or dropped twice"
+    );
 }
