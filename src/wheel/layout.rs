@@ -7,6 +7,9 @@ use std::fmt;
 /// Level `l` has slots that each span `slots_per_level^l` ticks, so the lowest level has 1-tick
 /// resolution and the wheel as a whole covers `slots_per_level^levels` ticks ahead of its current
 /// time. Deadlines farther away than that wait in an overflow tier and still fire exactly on time.
+/// The overflow tier is one unsorted list: each time the wheel reaches the span (epoch) of its
+/// earliest deadline, the whole tier is re-examined, so a layout with a small range and many
+/// far timers spread over many epochs pays O(overflow timers) per epoch.
 ///
 /// The default is 8 levels of 256 slots, which covers all of `u64` (no overflow tier): a
 /// timer due within 256 ticks sits on level 0, within 65 536 ticks (65 s at 1 ms) on level 1,
@@ -51,7 +54,7 @@ impl fmt::Display for LayoutError {
             LayoutError::SlotsPerLevel(n) => {
                 write!(
                     f,
-                    "slots per level must be a power of two in 2..=64, got {n}"
+                    "slots per level must be a power of two in 2..=4096, got {n}"
                 )
             }
             LayoutError::Levels { levels, max } => {
