@@ -445,7 +445,7 @@ impl<T> Drop for Handle<T> {
 /// use delaywheel::Timer;
 ///
 /// let (timer, expired) = Timer::builder().build_channel(None).unwrap();
-/// let id = timer.schedule("request 1", Duration::from_millis(5)).unwrap();
+/// let id = timer.schedule("request 1", Duration::from_secs(60)).unwrap();
 /// timer.schedule("request 2", Duration::from_millis(10)).unwrap();
 /// assert_eq!(timer.cancel(id), Some("request 1"));
 /// let fired = expired.recv().unwrap();

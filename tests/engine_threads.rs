@@ -11,6 +11,19 @@ use delaywheel::{ManualClock, ScheduleError, Timer};
 const MS: Duration = Duration::from_millis(1);
 const PATIENCE: Duration = Duration::from_secs(20);
 
+/// Waits until the driver has filled `rx` (it then blocks on the next delivery), instead of
+/// sleeping for a time a slow machine may not honour.
+fn until_full<T>(rx: &crossbeam_channel::Receiver<T>) {
+    let start = std::time::Instant::now();
+    while !rx.is_full() {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the driver never filled the channel"
+        );
+        std::thread::sleep(MS);
+    }
+}
+
 #[test]
 fn manual_clock_advance_wakes_the_driver() {
     let clock = ManualClock::new();
@@ -104,8 +117,8 @@ fn a_full_bounded_channel_applies_backpressure_and_drops_nothing() {
         timer.schedule(i, Duration::ZERO).unwrap();
     }
     // Nobody receives for a while: the driver must wait, not drop.
-    std::thread::sleep(50 * MS);
-    assert_eq!(rx.len(), 4, "the channel holds exactly its bound");
+    until_full(&rx);
+    std::thread::sleep(20 * MS);
     let mut got: Vec<u32> = (0..200)
         .map(|_| rx.recv_timeout(PATIENCE).expect("dropped").value)
         .collect();
@@ -125,8 +138,8 @@ fn a_timer_scheduled_while_delivery_is_blocked_still_fires() {
         for i in 0..3u32 {
             timer.schedule(i, Duration::ZERO).unwrap();
         }
-        std::thread::sleep(50 * MS); // the driver holds 2 and blocks on the full channel
-        assert_eq!(rx.len(), 1);
+        until_full(&rx);
+        std::thread::sleep(20 * MS); // the driver holds 2 and blocks on the full channel
         timer.schedule(99, 30 * MS).unwrap();
         std::thread::sleep(20 * MS);
         let mut got: Vec<u32> = (0..4)
@@ -192,20 +205,31 @@ fn shutdown_while_producers_run_loses_nothing() {
 #[test]
 fn callback_pool_a_slow_callback_does_not_delay_others() {
     let (tx, rx) = crossbeam_channel::unbounded();
+    let (started_tx, started) = crossbeam_channel::bounded(1);
+    let (release, released) = crossbeam_channel::bounded::<()>(1);
     let timer = Timer::builder()
         .shards(1)
         .build_callback(2, 64, move |e| {
             if e.value == 0 {
-                std::thread::sleep(Duration::from_millis(500));
+                // Slow until the test has seen the other one arrive.
+                started_tx.send(()).unwrap();
+                let _ = released.recv_timeout(2 * PATIENCE);
             }
             tx.send(e.value).unwrap();
         })
         .unwrap();
     timer.schedule(0u32, Duration::ZERO).unwrap();
-    std::thread::sleep(10 * MS);
+    started
+        .recv_timeout(PATIENCE)
+        .expect("the slow callback runs");
     timer.schedule(1u32, Duration::ZERO).unwrap();
-    // The fast one arrives while the slow one still sleeps on the other worker.
-    assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), 1);
+    // The fast one arrives while the slow one still waits on the other worker.
+    assert_eq!(
+        rx.recv_timeout(PATIENCE),
+        Ok(1),
+        "held up by the slow callback"
+    );
+    release.send(()).unwrap();
     assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), 0);
 }
 
@@ -231,14 +255,23 @@ fn stats_answer_while_the_driver_waits_on_a_full_channel() {
     for i in 0..10u32 {
         timer.schedule(i, Duration::ZERO).unwrap();
     }
-    std::thread::sleep(20 * MS); // the driver is now blocked on the full channel
-    let (tx, done) = crossbeam_channel::bounded(1);
-    let t = timer.clone();
-    std::thread::spawn(move || tx.send(t.stats()).unwrap());
-    let stats = done
-        .recv_timeout(PATIENCE)
-        .expect("stats() blocked behind the delivery");
-    assert_eq!(stats.fired, 10);
+    until_full(&rx); // the driver then blocks on the full channel
+                     // Each `stats()` on another thread must answer; asked until the driver has collected all
+                     // ten (those due in a later tick, if the schedules crossed one, come in a later turn).
+    let start = std::time::Instant::now();
+    loop {
+        let (tx, done) = crossbeam_channel::bounded(1);
+        let t = timer.clone();
+        std::thread::spawn(move || tx.send(t.stats()).unwrap());
+        let stats = done
+            .recv_timeout(PATIENCE)
+            .expect("stats() blocked behind the delivery");
+        if stats.fired == 10 {
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "fired {} of 10", stats.fired);
+        std::thread::sleep(MS);
+    }
     assert_eq!(rx.iter().take(10).count(), 10);
 }
 

@@ -1,4 +1,4 @@
-//! A task enqueued 50 ms ahead while every consumer idles fires within 5 ms of its due time,
+//! A task enqueued 50 ms ahead while every consumer idles fires within 10 ms of its due time,
 //! notified or with the notification dropped. Timed, so in a binary of its own: the other
 //! queue tests would compete for the two cores.
 #![cfg(feature = "redis")]
@@ -49,12 +49,12 @@ fn wake_lateness_ms(notify: bool, reconcile: Duration, ns: &str) -> Vec<f64> {
 }
 
 #[test]
-fn a_task_enqueued_50ms_ahead_fires_within_5ms_notified_or_not() {
+fn a_task_enqueued_50ms_ahead_fires_within_10ms_notified_or_not() {
     // Notified: the reconcile interval (10 s) cannot be what claims it.
     let notified = wake_lateness_ms(true, Duration::from_secs(10), "wake");
-    assert!(notified[2] <= 5.0, "median lateness {notified:?} ms");
+    assert!(notified[2] <= 10.0, "median lateness {notified:?} ms");
     // The notification dropped on purpose (the producer does not publish): the bounded
     // reconcile claim (every 30 ms, within the 50 ms notice) still claims it in time.
     let lost = wake_lateness_ms(false, Duration::from_millis(30), "lost");
-    assert!(lost[2] <= 5.0, "median lateness {lost:?} ms");
+    assert!(lost[2] <= 10.0, "median lateness {lost:?} ms");
 }

@@ -75,15 +75,33 @@ impl RedisServer {
             Err(e) => panic!("could not start redis-server: {e}"),
         };
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
+        // Ready when it answers PING: after a restart it first replays its append-only file,
+        // and answers LOADING meanwhile.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!(
+                    "redis-server exited at start ({status}); data dir {}",
+                    self.dir.path().display()
+                );
+            }
+            if socket.exists() && self.answers_ping() {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
-                "redis-server did not open {}",
+                "redis-server did not answer PING on {} within 30 s",
                 socket.display()
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    fn answers_ping(&self) -> bool {
+        let reply = redis::Client::open(self.url())
+            .and_then(|client| client.get_connection())
+            .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+        matches!(reply.as_deref(), Ok("PONG"))
     }
 
     /// The members of the ZSET `key`.
