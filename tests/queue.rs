@@ -596,12 +596,19 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
     for c in halves {
         c.shutdown(Duration::from_secs(5)).unwrap();
     }
-    let mut bad = cfg.clone();
-    bad.shards = 0;
-    assert!(matches!(
-        Consumer::start(bad, Handlers::new()),
-        Err(QueueError::Config(_))
-    ));
+    for tweak in [
+        |c: &mut QueueConfig| c.shards = 0,
+        // Beyond a cluster's slots: refused before a key set is built for each.
+        |c: &mut QueueConfig| c.shards = u32::MAX,
+        |c: &mut QueueConfig| c.handler_threads = 1_025,
+    ] {
+        let mut bad = cfg.clone();
+        tweak(&mut bad);
+        assert!(matches!(
+            Consumer::start(bad, Handlers::new()),
+            Err(QueueError::Config(_))
+        ));
+    }
     let mut bad = cfg.clone();
     bad.reconcile = bad.lookahead;
     assert!(matches!(

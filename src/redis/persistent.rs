@@ -659,7 +659,8 @@ impl<S: TaskStore> Persistent<S> {
         Ok(envelope)
     }
 
-    /// Cancels task `id`; `false` if it is not pending (unknown, or already fired).
+    /// Cancels task `id`; `false` if it is not pending (unknown, or already fired), or after
+    /// [`shutdown`](Self::shutdown) (the removal could no longer be written).
     pub fn cancel(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
         if self.inner.stopping.load(SeqCst) {
@@ -679,7 +680,8 @@ impl<S: TaskStore> Persistent<S> {
     }
 
     /// Acknowledges a fired task: it leaves Redis with the next flush. `false` if `id` is not a
-    /// fired, unacknowledged task.
+    /// fired, unacknowledged task, or after [`shutdown`](Self::shutdown) (the task stays in
+    /// Redis and fires again after a restore).
     pub fn ack(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
         if self.inner.stopping.load(SeqCst) || state.index.get(id).is_none_or(|e| e.timer.is_some())
@@ -719,8 +721,9 @@ impl<S: TaskStore> Persistent<S> {
     /// with their reason (an entry whose envelope names another id included). Ids already in
     /// memory are kept as they are, and ids cancelled or acknowledged since are not loaded
     /// again. A snapshot asked for meanwhile waits until the restore is done. An error if the
-    /// store fails, or its scan stops before the last page.
+    /// store fails, or its scan stops before the last page. A `page_size` of 0 is taken as 1.
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
+        let page_size = page_size.max(1);
         let mut restoring = Restoring::begin(&self.inner);
         let mut report = RestoreReport::default();
         let mut overdue = 0u64;

@@ -86,7 +86,8 @@ pub struct QueueConfig {
     /// The queue's name; its keys are `{ns}:due`, `{ns}:tasks`, ... (one shard) or
     /// `{ns:i}:...` (several).
     pub namespace: String,
-    /// Shards of the logical queue (default 1). Producers and consumers must agree.
+    /// Shards of the logical queue (default 1, at most 16 384, the slots of a Redis Cluster; outside that,
+    /// `QueueError::Config`). Producers and consumers must agree.
     pub shards: u32,
     /// The shards this consumer claims from (default: all).
     pub assigned_shards: Option<Vec<u32>>,
@@ -130,7 +131,8 @@ pub struct QueueConfig {
     /// [`Producer::requeue`] them). Raise it, or set 0, where consumers die for other
     /// reasons often.
     pub max_lease_expiries: u32,
-    /// Threads running handlers per consumer (default 4).
+    /// Threads running handlers per consumer (default 4; outside `1..=1024`,
+    /// `QueueError::Config`).
     pub handler_threads: usize,
     /// Whether producers PUBLISH a wake-up for tasks due before the next reconcile
     /// (default true).
@@ -170,13 +172,16 @@ impl QueueConfig {
 
     /// Checks the settings; the error names the first bad one.
     pub(crate) fn check(&self) -> Result<Vec<KeyLayout>, QueueError> {
-        if self.shards == 0 {
-            return Err(QueueError::Config("shards must be at least 1"));
+        if self.shards == 0 || self.shards > MAX_QUEUE_SHARDS {
+            return Err(QueueError::Config("shards must be in 1..=16384"));
         }
         if self.batch == 0 || self.max_held == 0 || self.handler_threads == 0 {
             return Err(QueueError::Config(
                 "batch, max_held and handler_threads must be at least 1",
             ));
+        }
+        if self.handler_threads > 1_024 {
+            return Err(QueueError::Config("handler_threads must be at most 1024"));
         }
         if self.retry.max_attempts == 0 {
             return Err(QueueError::Config("retry.max_attempts must be at least 1"));
@@ -246,8 +251,11 @@ impl QueueConfig {
     }
 }
 
+/// The most shards a queue may have: as many as a Redis Cluster has slots.
+const MAX_QUEUE_SHARDS: u32 = 16_384;
+
 /// The shard of task `id` among `shards`: FNV-1a of the id, so every process, in any
-/// language, agrees.
+/// language, agrees. `shards == 0` is taken as 1 (shard 0).
 pub fn shard_of(id: &str, shards: u32) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in id.bytes() {
@@ -519,7 +527,8 @@ impl Producer {
     /// Moves dead-lettered task `id` back to the queue, due now, with its attempts reset.
     /// `Ok(false)` if it is not dead-lettered; [`QueueError::NotAnEnvelope`] if what was
     /// dead-lettered is not a task envelope, [`QueueError::StillPending`] if a task with the
-    /// same id was enqueued since (both leave everything as it is).
+    /// same id was enqueued since (both leave everything as it is). The envelope goes back as
+    /// it was stored, so `max_envelope` is not applied to it again.
     pub async fn requeue(&self, id: &str) -> Result<bool, QueueError> {
         let keys = self.keys(id);
         let mut conn = self.conn.conn.clone();
