@@ -143,9 +143,13 @@ fn scheduled_and_cancelled_within_a_window_costs_no_redis_command() {
         .unwrap();
     assert!(p.flush(PATIENCE));
     assert_eq!(redis_int(&server, &["ZCARD", "{coalesce}:due"]), 1);
+    // The counters do count this flusher's commands: one ZADD for the write, one ZREM for
+    // the cancel.
+    assert_eq!(command_calls(&server, "zadd"), zadd + 1);
     assert!(p.cancel("kept"));
     assert!(p.flush(PATIENCE));
     assert_eq!(redis_int(&server, &["ZCARD", "{coalesce}:due"]), 0);
+    assert_eq!(command_calls(&server, "zrem"), zrem + 1);
 }
 
 #[test]
