@@ -26,6 +26,9 @@ deps:
 		echo "redis-server missing: installing it with apt-get"; \
 		(apt-get update -qq && apt-get install -y -qq redis-server) || { \
 			echo "could not install redis-server: install it (e.g. apt-get install redis-server) and re-run"; exit 1; }; }
+	@# Dedup's SET NX GET and the tests' CLIENT PAUSE ... ALL need Redis 7.0 or later.
+	@v=$$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p'); \
+		[ "$${v:-0}" -ge 7 ] || { echo "redis-server $$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p') is too old: the tests need 7.0 or later"; exit 1; }
 
 fmt:
 	$(CARGO) fmt --all -- --check
