@@ -248,12 +248,12 @@ fn a_store_that_panics_is_retried_like_one_that_is_down() {
     let (p, _fired) =
         Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone()).unwrap();
     let far = now_ms() + 3_600_000;
+    // The round's write panics, and so does the first retry.
+    store.panics.store(2, SeqCst);
     for i in 0..100 {
         p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
     }
-    // The round's write panics, and so does the first retry.
-    store.panics.store(2, SeqCst);
     assert!(
         p.flush(PATIENCE),
         "the changes of a panicked write never landed"

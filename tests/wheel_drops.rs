@@ -135,10 +135,15 @@ proptest! {
                     }
                     Op::ClearPanicking(nth) => {
                         bomb.set(*nth);
+                        let before = dropped.borrow().len();
                         let cleared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             wheel.clear()
                         }));
                         prop_assert_eq!(cleared.is_err(), bomb.get() == 0);
+                        if cleared.is_err() {
+                            // Stopped at the panicking drop: nothing after it was dropped.
+                            prop_assert_eq!(dropped.borrow().len() - before, *nth as usize);
+                        }
                         bomb.set(0);
                         // Whatever was dropped is gone; the rest must still be pending.
                         let gone: HashSet<u64> = dropped.borrow().iter().copied().collect();

@@ -12,8 +12,8 @@
 //!   occupancy of its record. It never wraps: a record whose occupancy took the last odd
 //!   generation is **retired** when it is vacated (generation [`RETIRED`], off the free list,
 //!   never popped by `shrink_to_fit`), and `shrink_to_fit` only truncates records below
-//!   [`FLOOR_MAX`], so every record starts with at least 2^31 uses ahead of it. A retired record
-//!   costs its 24 bytes once per 2^31 uses of one index.
+//!   [`FLOOR_MAX`], so every record starts with at least 2^30 occupancies ahead of it. A
+//!   retired record costs its 24 bytes once per 2^30 or more uses of one index.
 
 #![allow(unsafe_code)]
 
@@ -235,7 +235,8 @@ impl<T> Keys<T> {
         self.rebuild_free_list();
     }
 
-    fn rebuild_free_list(&mut self) {
+    /// Links every vacant, unretired record into the free list, lowest index first.
+    pub(crate) fn rebuild_free_list(&mut self) {
         self.free_head = NONE;
         for (i, e) in self.entries.iter_mut().enumerate().rev() {
             if !e.occupied() && e.gen != RETIRED {

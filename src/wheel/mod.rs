@@ -437,11 +437,19 @@ impl<T> Wheel<T> {
     /// Removes every pending timer, dropping the values. Keys handed out before stay stale. If a
     /// value's `Drop` panics, the panic propagates and the timers not yet dropped stay pending.
     pub fn clear(&mut self) {
-        self.drain().for_each(drop);
+        // Not through `Drain`, whose own drop would drop the rest while the panic unwinds (and
+        // a second panicking value would then abort).
+        let mut from = 0;
+        while let Some(index) = self.pop_any(&mut from) {
+            drop(self.keys.take(index));
+        }
+        // New timers fill the lowest records first, so a later shrink can release the rest.
+        self.keys.rebuild_free_list();
     }
 
     /// Returns memory to the allocator after a peak: spare capacity of every slot and of the key
-    /// table, and the key records past the highest pending one.
+    /// table, and the key records past the highest pending one (except a record used about 2^30
+    /// times or more, which stays so that its generations are never handed out again).
     pub fn shrink_to_fit(&mut self) {
         for list in self.lists_mut() {
             list.shrink_to_fit();
