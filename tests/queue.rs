@@ -852,6 +852,118 @@ async fn the_redis_layer_starts_and_stops_from_async_code() {
     drop(dropped);
 }
 
+/// Claims on several shards run at once, and together stay within `max_held`: each reserves
+/// its room first.
+#[test]
+fn concurrent_shard_claims_stay_within_max_held() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("held", |cfg| {
+        cfg.shards = 4;
+        cfg.batch = 8;
+        cfg.max_held = 10;
+        cfg.reconcile = Duration::from_millis(100);
+    });
+    let due = now_ms() + 1_800;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..40).map(|i| (format!("h{i}"), due)).collect(),
+    );
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    wait_until("the room filled", || c.held() >= 10);
+    // Several claim rounds on every shard, none of them due yet.
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(c.held(), 10, "held past max_held");
+    assert_eq!(c.stats().claimed, 10);
+    wait_until("all forty", || fired.lock().len() == 40);
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// A shard whose node stops answering delays no other shard's tasks: each shard has its own
+/// claim loop. (One loop used to claim the shards one after another, so a paused node held
+/// every shard's claims for as long as the pause.)
+#[test]
+fn a_paused_node_delays_no_other_shards_tasks() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg = QueueConfig::new(urls[0].clone(), "paused");
+    cfg.cluster_nodes = urls.clone();
+    cfg.shards = 6;
+    cfg.reconcile = Duration::from_millis(100);
+    // Claimed by the reconcile claims alone: the wake-up channel may be on the paused node.
+    cfg.notify = false;
+    let p = producer(&rt, &cfg);
+    // The node that owns a shard's slot answers a plain EXISTS; the others answer MOVED.
+    let owner = |shard: u32| {
+        (0..urls.len())
+            .find(|&n| {
+                let mut conn = redis::Client::open(urls[n].as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                redis::cmd("EXISTS")
+                    .arg(format!("{{paused:{shard}}}:due"))
+                    .query::<u64>(&mut conn)
+                    .is_ok()
+            })
+            .expect("a node owns the slot")
+    };
+    let paused = owner(0);
+    let other = (1..6)
+        .find(|&s| owner(s) != paused)
+        .expect("all shards on one node");
+    let id = (0..)
+        .map(|i| format!("t{i}"))
+        .find(|id| shard_of(id, 6) == other)
+        .unwrap();
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    wait_until("first claims", || c.stats().claims >= 6);
+    // The producer's first enqueue loads its script on every node (SCRIPT LOAD goes to all
+    // of them): done before the pause, as a running producer has.
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        vec![("warm-up".into(), now_ms() + 3_600_000)],
+    );
+    let mut node = redis::Client::open(urls[paused].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3_000)
+        .arg("ALL")
+        .query::<()>(&mut node)
+        .unwrap();
+    let paused_at = now_ms();
+    let due = paused_at + 500;
+    enqueue_all(&rt, &p, "job", vec![(id.clone(), due)]);
+    wait_until("the task on the other node", || {
+        fired.lock().contains_key(&id)
+    });
+    let fired_ms = fired.lock()[&id][0].1 / 1_000;
+    assert!(
+        fired_ms < paused_at + 2_500,
+        "due {} ms after the pause began, fired after {} ms: behind the paused node",
+        due - paused_at,
+        fired_ms.saturating_sub(paused_at)
+    );
+    // Let the pause end, so that shutdown does not wait on it.
+    std::thread::sleep(Duration::from_millis(
+        (paused_at + 3_100).saturating_sub(now_ms()),
+    ));
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 #[test]
 fn the_queue_spreads_over_a_redis_cluster() {
     let cluster = RedisCluster::start(3);

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -153,6 +153,13 @@ struct Counters {
     renewed: AtomicU64,
 }
 
+/// The earliest due time (ms) wake-ups announced since a claim loop last looked, and the
+/// signal that it changed: a flood of wake-ups coalesces into one value.
+struct Wake {
+    at: AtomicU64,
+    notify: tokio::sync::Notify,
+}
+
 struct Shared {
     cfg: QueueConfig,
     id: String,
@@ -166,10 +173,11 @@ struct Shared {
     /// To the resolver; bounded, so handlers wait (rather than memory grow) while Redis is
     /// slow to take their acks.
     outcomes: mpsc::Sender<Outcome>,
-    /// The earliest due time (ms) wake-ups announced since the claim loop last looked, and
-    /// the signal that it changed: a flood of wake-ups coalesces into one value.
-    wake_at: AtomicU64,
-    wake: tokio::sync::Notify,
+    /// One per shard in `claim_from`, for its claim loop.
+    wakes: Vec<Wake>,
+    /// Room in `held` that claims in flight have reserved: claims on several shards run at
+    /// once, and together stay within `max_held`.
+    reserved: AtomicUsize,
     counters: Counters,
     lateness: Mutex<Histogram<u64>>,
     /// Set by `abort`: fired tasks are dropped as a crashed process would drop them.
@@ -238,6 +246,13 @@ impl Consumer {
             .assigned_shards
             .clone()
             .unwrap_or_else(|| (0..cfg.shards).collect());
+        let wakes = claim_from
+            .iter()
+            .map(|_| Wake {
+                at: AtomicU64::new(u64::MAX),
+                notify: tokio::sync::Notify::new(),
+            })
+            .collect();
         let (out_tx, out_rx) = mpsc::channel(OUTCOME_BOUND);
         let shared = Arc::new(Shared {
             id,
@@ -248,8 +263,8 @@ impl Consumer {
             held: Mutex::new(HashMap::new()),
             working: Mutex::new(HashMap::new()),
             outcomes: out_tx,
-            wake_at: AtomicU64::new(u64::MAX),
-            wake: tokio::sync::Notify::new(),
+            wakes,
+            reserved: AtomicUsize::new(0),
             counters: Counters::default(),
             lateness: Mutex::new(
                 Histogram::new_with_bounds(1, 3_600_000_000, 3)
@@ -268,11 +283,20 @@ impl Consumer {
                 .map_err(|e| QueueError::Spawn(e.to_string()))?
         };
         let (stop, stop_rx) = watch::channel(false);
-        let loops = vec![
-            rt.spawn(claim_loop(shared.clone(), timer.clone(), stop_rx.clone())),
-            rt.spawn(listen(shared.clone(), stop_rx.clone())),
-            rt.spawn(reap_loop(shared.clone(), stop_rx.clone())),
-        ];
+        // A claim loop per shard, so that a shard whose node is slow to answer delays no
+        // other shard's claims.
+        let mut loops: Vec<_> = (0..shared.claim_from.len())
+            .map(|i| {
+                rt.spawn(claim_loop(
+                    shared.clone(),
+                    timer.clone(),
+                    stop_rx.clone(),
+                    i,
+                ))
+            })
+            .collect();
+        loops.push(rt.spawn(listen(shared.clone(), stop_rx.clone())));
+        loops.push(rt.spawn(reap_loop(shared.clone(), stop_rx.clone())));
         let (finish, finish_rx) = tokio::sync::oneshot::channel();
         let resolver = rt.spawn(resolve(shared.clone(), out_rx, finish_rx));
         tracing::debug!(consumer = %shared.id, "queue consumer started");
@@ -576,17 +600,24 @@ fn fire(shared: &Shared, c: Claimed) {
     let _ = shared.outcomes.blocking_send(outcome);
 }
 
-/// Claims from every assigned shard: at start, every `reconcile`, when notified of a task due
-/// before the next claim, and again at once while claims come back full.
-async fn claim_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch::Receiver<bool>) {
+/// Claims from the `i`-th assigned shard: at start, every `reconcile`, when notified of a task
+/// due before the next claim, and again at once while claims come back full. Each shard has
+/// its own loop, its own backoff and its own wake-ups.
+async fn claim_loop(
+    shared: Arc<Shared>,
+    timer: Timer<Claimed>,
+    mut stop: watch::Receiver<bool>,
+    i: usize,
+) {
     let cfg = &shared.cfg;
+    let (shard, wake) = (shared.claim_from[i], &shared.wakes[i]);
     let mut next = tokio::time::Instant::now();
     let mut failures = 0u32;
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
-            _ = shared.wake.notified() => {
-                let due = shared.wake_at.swap(u64::MAX, SeqCst);
+            _ = wake.notify.notified() => {
+                let due = wake.at.swap(u64::MAX, SeqCst);
                 // Claim `claim_margin` before the earliest notified task is due, unless a claim
                 // comes sooner anyway.
                 let at_ms = due.saturating_sub(cfg.claim_margin.as_millis() as u64);
@@ -604,15 +635,13 @@ async fn claim_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch:
         }
         let mut full = false;
         let mut failed = false;
-        for &shard in &shared.claim_from {
-            match claim(&shared, &timer, shard).await {
-                Ok(n) => full |= n == cfg.batch,
-                Err(e) => {
-                    if failures == 0 {
-                        tracing::warn!(error = %e, "claim failed; retrying with backoff");
-                    }
-                    failed = true;
+        match claim(&shared, &timer, shard).await {
+            Ok(n) => full = n == cfg.batch,
+            Err(e) => {
+                if failures == 0 {
+                    tracing::warn!(shard, error = %e, "claim failed; retrying with backoff");
                 }
+                failed = true;
             }
         }
         failures = if failed { failures + 1 } else { 0 };
@@ -627,13 +656,51 @@ async fn claim_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch:
     }
 }
 
+/// Room reserved in `held` for one claim, given back when the claim is done (by then what it
+/// took is in `held`).
+struct Reserved<'a> {
+    shared: &'a Shared,
+    n: usize,
+}
+
+impl Reserved<'_> {
+    /// Up to a batch of the room left under `max_held`, counting what other claims in flight
+    /// reserved; `None` if there is none.
+    fn take(shared: &Shared) -> Option<Reserved<'_>> {
+        let mut reserved = shared.reserved.load(SeqCst);
+        loop {
+            let used = shared.held.lock().len().saturating_add(reserved);
+            let n = shared
+                .cfg
+                .max_held
+                .saturating_sub(used)
+                .min(shared.cfg.batch);
+            if n == 0 {
+                return None;
+            }
+            match shared
+                .reserved
+                .compare_exchange(reserved, reserved + n, SeqCst, SeqCst)
+            {
+                Ok(_) => return Some(Reserved { shared, n }),
+                Err(now) => reserved = now,
+            }
+        }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.shared.reserved.fetch_sub(self.n, SeqCst);
+    }
+}
+
 /// One claim on `shard`; puts the tasks in the wheel. Returns how many it took.
 async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<usize, QueueError> {
     let cfg = &shared.cfg;
-    let room = cfg.max_held.saturating_sub(shared.held.lock().len());
-    if room == 0 {
+    let Some(room) = Reserved::take(shared) else {
         return Ok(0);
-    }
+    };
     let keys = &shared.shards[shard as usize];
     let now = now_ms();
     let mut inv = scripts::CLAIM.prepare_invoke();
@@ -643,7 +710,7 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
         .key(keys.owner())
         .key(keys.fence())
         .arg(now + cfg.lookahead.as_millis() as u64)
-        .arg(cfg.batch.min(room))
+        .arg(room.n)
         .arg(shared.id.as_str())
         .arg(cfg.lease.as_millis() as u64);
     let reply: Vec<Vec<u8>> = shared.conn.run(&inv).await?;
@@ -762,8 +829,11 @@ async fn listen(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                         m = messages.next() => match m {
                             Some(m) => {
                                 if let Ok(due) = m.get_payload::<u64>() {
-                                    shared.wake_at.fetch_min(due, SeqCst);
-                                    shared.wake.notify_one();
+                                    // The message does not say which shard: every loop looks.
+                                    for wake in &shared.wakes {
+                                        wake.at.fetch_min(due, SeqCst);
+                                        wake.notify.notify_one();
+                                    }
                                 }
                             }
                             None => break,
