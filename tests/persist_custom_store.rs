@@ -40,8 +40,8 @@ struct MemStore {
     dead: Arc<Mutex<BTreeMap<String, String>>>,
     /// When set to n > 0, the n-th `apply` from then on fails (once).
     fail_nth: Arc<AtomicUsize>,
-    /// While n > 0, `apply` and `replace_all` panic (counting n down) before they return a
-    /// future, as a broken store's client might.
+    /// While n > 0, `apply`, `replace_all` and `dead_letter` panic (counting n down) before
+    /// they return a future, as a broken store's client might.
     panics: Arc<AtomicUsize>,
 }
 
@@ -153,6 +153,7 @@ impl TaskStore for MemStore {
         broken: &[Broken],
         _now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.maybe_panic();
         let (this, broken) = (self.clone(), broken.to_vec());
         async move {
             if this.dead_paused.load(SeqCst) {
@@ -280,6 +281,26 @@ fn a_store_that_panics_is_retried_like_one_that_is_down() {
     p.schedule("after", "t", serde_json::json!(0), far).unwrap();
     assert!(p.flush(PATIENCE));
     assert!(store.ids().contains("after"));
+}
+
+/// A restore whose dead-lettering panics in the store returns the store's error (it said
+/// that the runtime had stopped), and a later restore completes.
+#[test]
+fn a_restore_whose_store_panics_returns_a_store_error() {
+    let store = stored((0..10).map(|i| format!("t{i}")));
+    store
+        .table
+        .lock()
+        .insert("garbage".into(), (now_ms(), b"not an envelope".to_vec()));
+    store.panics.store(1, SeqCst);
+    let p = engine(&store);
+    match p.restore(4) {
+        Err(PersistError::Store(e)) => assert!(e.to_string().contains("panicked"), "{e}"),
+        other => panic!("restore with a panicking store returned {other:?}"),
+    }
+    assert_eq!(store.panics.load(SeqCst), 0, "dead_letter was not called");
+    let report = p.restore(4).unwrap();
+    assert_eq!((report.loaded, report.dead_lettered), (10, 1));
 }
 
 /// While the store is down, retries back off (up to a second apart) even with a caller

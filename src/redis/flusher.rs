@@ -7,18 +7,14 @@
 //! outside it.
 
 use std::collections::hash_map::Entry as MapEntry;
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
-
 use super::envelope::Envelope;
 use super::persistent::{Ids, Inner, State, TaskKey};
 use super::store::{Op, StoreError};
-use super::task_store::TaskStore;
+use super::task_store::{guarded, TaskStore};
 
 /// A journaled change to one id, turned into a store [`Op`] by the flusher.
 #[derive(Clone, Copy)]
@@ -296,29 +292,6 @@ impl Written {
                 self.error.get_or_insert(e);
                 self.lost = true;
             }
-        }
-    }
-}
-
-/// Runs a store call (built inside `call`, so a panic while building it counts too), and turns
-/// a panic in it into a [`StoreError`]. A broken store then fails like one that is down: the
-/// batch's changes go back into the journal and are retried with backoff, and a snapshot that
-/// panics is retried too, instead of ending the flusher thread (whose journal would then only
-/// grow until producers hit its bound).
-async fn guarded<T>(
-    what: &'static str,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match AssertUnwindSafe(call).catch_unwind().await {
-        Ok(result) => result,
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string panic".into());
-            tracing::error!(call = what, panic = %message, "a store call panicked");
-            Err(StoreError::new(format!("store {what} panicked: {message}")))
         }
     }
 }

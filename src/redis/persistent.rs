@@ -32,7 +32,7 @@ use super::envelope::{Envelope, EnvelopeError};
 use super::flusher::{flush_loop, Change, Journal};
 use super::layout::{KeyLayout, NamespaceError};
 use super::store::{RedisStore, StoreError};
-use super::task_store::TaskStore;
+use super::task_store::{guarded, TaskStore};
 use super::wall_clock::{Anchor, WallClock};
 use crate::{BuildError, Timer, TimerId};
 
@@ -736,7 +736,7 @@ impl<S: TaskStore> Persistent<S> {
         let fetcher = self.rt.spawn(async move {
             let mut cursor = 0;
             loop {
-                let page = store.rows(cursor, page_size).await;
+                let page = guarded("read", async { store.rows(cursor, page_size).await }).await;
                 let next = page.as_ref().map_or(0, |p| p.next);
                 if tx.send(page).await.is_err() || next == 0 {
                     return;
@@ -767,10 +767,12 @@ impl<S: TaskStore> Persistent<S> {
             if !page.broken.is_empty() {
                 let (store, broken) = (self.store.clone(), page.broken.clone());
                 let at = self.inner.cfg.clock.now_ms();
-                wait_on(
-                    &self.rt,
-                    async move { store.dead_letter(&broken, at).await },
-                )
+                wait_on(&self.rt, async move {
+                    guarded("dead-letter", async {
+                        store.dead_letter(&broken, at).await
+                    })
+                    .await
+                })
                 .ok_or_else(runtime_stopped)?
                 .map_err(PersistError::Store)?;
                 report.dead_lettered += page.broken.len();

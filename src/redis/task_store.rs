@@ -6,6 +6,9 @@
 //! implementations must be cheap to clone and safe to share.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
 
 use super::store::{Broken, Op, Rows, StoreError};
 
@@ -39,4 +42,27 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// Replaces the whole live set with the upserts in `tasks` (a `Remove` in it is ignored),
     /// atomically: a reader sees the old set or the new one, never a mix.
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// Runs a store call (built inside `call`, so a panic while building it counts too), and turns
+/// a panic in it into a [`StoreError`]. A broken store then fails like one that is down: a
+/// batch's changes go back into the journal and are retried with backoff, a snapshot that
+/// panics is retried too, instead of ending the flusher thread (whose journal would then only
+/// grow until producers hit its bound), and `restore` returns the error.
+pub(super) async fn guarded<T>(
+    what: &'static str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".into());
+            tracing::error!(call = what, panic = %message, "a store call panicked");
+            Err(StoreError::new(format!("store {what} panicked: {message}")))
+        }
+    }
 }
