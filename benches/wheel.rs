@@ -401,17 +401,25 @@ fn run_phase<C: Contender>(plan: &Plan, phase: Phase) -> (Duration, usize) {
         );
         return (elapsed, fired);
     }
+    // The harness keeps every key (0 to 8 bytes, by contender). Its list is allocated and
+    // touched before the clock starts, so its growth and page faults are not charged to the
+    // contender: the first insert, untimed, gives the key to fill it with.
+    let mut keys: Vec<C::Key> = Vec::with_capacity(n);
+    let first = c.insert(plan.deadlines[0], 0);
+    keys.resize(n, first);
+    keys.truncate(1);
     let t = Instant::now();
-    let keys: Vec<C::Key> = plan
-        .deadlines
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| c.insert(d, i as u64))
-        .collect();
+    keys.extend(
+        plan.deadlines
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(i, &d)| c.insert(d, i as u64)),
+    );
     if phase == Phase::Insert {
         let elapsed = t.elapsed();
         drop(c);
-        return (elapsed, n);
+        return (elapsed, n - 1);
     }
     if C::CAN_CANCEL {
         let t = Instant::now();
@@ -555,7 +563,8 @@ fn report(plan: &Plan) {
         "hierarchical_hash_wheel_timer_survivors",
     ];
     let phases: [(&str, usize); 4] = [
-        ("insert", n),
+        // The first insert is untimed (see `run_phase`).
+        ("insert", n - 1),
         ("cancel", plan.cancels.len()),
         ("reset", plan.resets.len()),
         ("expire", fired),
