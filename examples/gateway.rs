@@ -69,12 +69,21 @@ struct Args {
     smoke: bool,
 }
 
-/// What a timer stands for. A request carries the deadline it asked for, which the consumer
-/// measures lateness against; an idle timer is reset many times, so it carries nothing.
+/// What a timer stands for, with a number unique to it (so the consumer can tell a duplicate).
+/// A request carries the deadline it asked for, which the consumer measures lateness against;
+/// an idle timer is reset many times, so it carries no deadline.
 #[derive(Debug)]
 enum Event {
-    Request { due: Instant },
-    Idle,
+    Request { seq: u64, due: Instant },
+    Idle { seq: u64 },
+}
+
+impl Event {
+    fn seq(&self) -> u64 {
+        match self {
+            Event::Request { seq, .. } | Event::Idle { seq } => *seq,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -96,6 +105,12 @@ fn producer(timer: Timer<Event>, args: Arc<Args>, counters: Arc<Counters>, quota
     // Requests that will complete: (completion time, timer).
     let mut inflight: VecDeque<(Instant, TimerId)> = VecDeque::new();
     let mut sent = 0u64;
+    // Unique across producers: the thread's seed in the high bits.
+    let mut seq = seed << 40;
+    let mut next_seq = move || {
+        seq += 1;
+        seq
+    };
     while sent < quota {
         let now = Instant::now();
         if now >= end {
@@ -108,9 +123,12 @@ fn producer(timer: Timer<Event>, args: Arc<Args>, counters: Arc<Counters>, quota
         }
         let batch = target.saturating_sub(sent).min(quota - sent).min(1_000);
         for _ in 0..batch {
-            let due = now + request_timeout;
+            // The deadline of this request, from its own clock read (not the batch's `now`,
+            // which a preemption mid-batch would leave behind).
+            let due = Instant::now() + request_timeout;
+            let seq = next_seq();
             let id = timer
-                .schedule(Event::Request { due }, request_timeout)
+                .schedule_at(Event::Request { seq, due }, due)
                 .expect("engine running");
             counters.scheduled.fetch_add(1, Relaxed);
             sent += 1;
@@ -126,7 +144,7 @@ fn producer(timer: Timer<Event>, args: Arc<Args>, counters: Arc<Counters>, quota
             } else {
                 conns[conn] = Some(
                     timer
-                        .schedule(Event::Idle, idle_timeout)
+                        .schedule(Event::Idle { seq: next_seq() }, idle_timeout)
                         .expect("engine running"),
                 );
                 counters.scheduled.fetch_add(1, Relaxed);
@@ -154,6 +172,7 @@ struct Report {
     cancelled: u64,
     reset: u64,
     fired: u64,
+    duplicates: u64,
     handed_back: u64,
     lost: i64,
     throughput: f64,
@@ -185,14 +204,20 @@ fn main() {
         let fired = fired.clone();
         std::thread::spawn(move || {
             let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("bounds");
+            let mut seen = std::collections::HashSet::new();
+            let mut duplicates = 0u64;
             for Expiration { value, .. } in rx {
-                if let Event::Request { due } = value {
+                if let Event::Request { due, .. } = value {
                     let late = Instant::now().saturating_duration_since(due);
                     h.saturating_record(late.as_micros().max(1) as u64);
                 }
-                fired.fetch_add(1, Relaxed);
+                if seen.insert(value.seq()) {
+                    fired.fetch_add(1, Relaxed);
+                } else {
+                    duplicates += 1;
+                }
             }
-            h
+            (h, duplicates)
         })
     };
 
@@ -256,8 +281,10 @@ fn main() {
         100.0 * process_cpu().saturating_sub(cpu_before).as_secs_f64() / window.as_secs_f64();
     drop(mem_timer.shutdown());
 
+    // Everything was due before the idle window began: a timer still pending is one the
+    // driver failed to fire, so it counts as lost.
     let handed_back = timer.shutdown().len() as u64;
-    let histogram = consumer.join().expect("consumer");
+    let (histogram, duplicates) = consumer.join().expect("consumer");
     let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
     let scheduled = counters.scheduled.load(Relaxed);
     let cancelled = counters.cancelled.load(Relaxed);
@@ -267,17 +294,25 @@ fn main() {
         cancelled,
         reset: counters.reset.load(Relaxed),
         fired,
+        duplicates,
         handed_back,
-        lost: scheduled as i64 - (cancelled + fired + handed_back) as i64,
+        lost: scheduled as i64 - (cancelled + fired) as i64,
         throughput: scheduled as f64 / load_time.as_secs_f64(),
         lateness: (ms(0.5), ms(0.99), histogram.max() as f64 / 1000.0),
         bytes_per_timer,
         idle_cpu_pct,
     };
-    assert_eq!(stats.fired, fired, "engine and consumer disagree");
+    assert_eq!(
+        stats.fired,
+        fired + duplicates,
+        "engine and consumer disagree"
+    );
     print_report(&report, args.json);
-    if report.lost != 0 {
-        eprintln!("FAILED: {} timers lost", report.lost);
+    if report.lost != 0 || report.duplicates != 0 {
+        eprintln!(
+            "FAILED: {} timers lost ({} handed back at shutdown, past their deadlines), {} delivered twice",
+            report.lost, report.handed_back, report.duplicates
+        );
         std::process::exit(1);
     }
 }
@@ -289,7 +324,11 @@ fn print_report(r: &Report, json: bool) {
     println!("| cancelled | {} |", r.cancelled);
     println!("| reset | {} |", r.reset);
     println!("| fired | {} |", r.fired);
-    println!("| handed back at shutdown | {} |", r.handed_back);
+    println!("| delivered twice | {} |", r.duplicates);
+    println!(
+        "| handed back at shutdown (past their deadlines: lost) | {} |",
+        r.handed_back
+    );
     println!("| lost | {} |", r.lost);
     println!("| throughput (schedules/s) | {:.0} |", r.throughput);
     println!(
@@ -307,6 +346,7 @@ fn print_report(r: &Report, json: bool) {
             "cancelled": r.cancelled,
             "reset": r.reset,
             "fired": r.fired,
+            "duplicates": r.duplicates,
             "handed_back": r.handed_back,
             "lost": r.lost,
             "throughput_per_s": r.throughput,
