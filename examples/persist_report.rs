@@ -240,7 +240,7 @@ fn main() {
     // A producer keeps scheduling during the flush: its longest wait for the engine's lock.
     let flushing = std::sync::atomic::AtomicBool::new(true);
     let redis_cpu_before = redis_cpu_s(&url);
-    let (flush, producer_max_wait) = std::thread::scope(|s| {
+    let (flush, redis_cpu_after, producer_max_wait) = std::thread::scope(|s| {
         let producer = s.spawn(|| {
             let mut longest = Duration::ZERO;
             for i in 0u64.. {
@@ -268,12 +268,14 @@ fn main() {
         let t = Instant::now();
         assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
         let flush = t.elapsed();
+        // Read at the end of the timed flush, not after the probes' own flush below.
+        let cpu = redis_cpu_s(&url);
         flushing.store(false, std::sync::atomic::Ordering::Relaxed);
-        (flush, producer.join().expect("producer"))
+        (flush, cpu, producer.join().expect("producer"))
     });
     assert!(persist.flush(Duration::from_secs(60)), "flush timed out");
     let flush_ops_per_s = args.tasks as f64 / flush.as_secs_f64();
-    let redis_busy = (redis_cpu_s(&url) - redis_cpu_before) / flush.as_secs_f64();
+    let redis_busy = (redis_cpu_after - redis_cpu_before) / flush.as_secs_f64();
     drop(persist);
     let bytes_per_task = (used_memory(&url) - mem_before) / args.tasks as f64;
 
@@ -292,7 +294,16 @@ fn main() {
     let t = Instant::now();
     let report = persist.restore(1_000).expect("restore");
     let restore = t.elapsed();
-    let lost = args.tasks - report.loaded;
+    // Every task by id (a count alone would let a duplicate hide a loss).
+    let lost = ids[..args.tasks]
+        .iter()
+        .filter(|id| !persist.contains(id))
+        .count();
+    assert_eq!(
+        report.loaded + lost,
+        args.tasks,
+        "restore loaded tasks that were never scheduled"
+    );
     drop(persist);
 
     // 4. flusher throughput for removals: restore again into an engine whose flusher waits,

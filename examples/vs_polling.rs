@@ -10,7 +10,7 @@
 //! tasks enqueued over `spread − max_delay` seconds with delays uniform in `[0, max_delay]`
 //! (so due times spread over `spread` seconds). The handler records its fire time. Reported
 //! per design: lateness (fire − due) p50/p99/max, consumer-side Redis commands per fired task,
-//! Redis CPU over the run (INFO cpu; the producer's share is the same for every design),
+//! Redis CPU over the run (INFO cpu; the producer's enqueues are the same for every design (only delaywheel's also PUBLISH wake-ups)),
 //! duplicates and lost tasks.
 //!
 //! ```text
@@ -201,6 +201,8 @@ fn poller(
 
 fn run_design(name: &'static str, args: &Args, url: &str, work: &[(String, u64, u64)]) -> Report {
     let ns = format!("vs_{name}").replace('.', "_");
+    // A fixed name: an earlier run against the same Redis (`--redis`) may have left keys.
+    redis_server::RedisServer::clear_namespace(url, &ns);
     let log: Log = Arc::default();
     let cmds = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));

@@ -14,20 +14,22 @@ pub fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// CPU time (user + system) used by this process so far, from /proc/self/stat (10 ms
-/// resolution), or zero where procfs is unavailable.
+/// CPU time (user + system) used by this process so far, to the nanosecond
+/// (`CLOCK_PROCESS_CPUTIME_ID`; procfs would give 10 ms ticks), or zero off Linux.
 #[allow(dead_code)]
 pub fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-    // utime and stime, the 14th and 15th fields (11 and 12 after the command name).
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-        .sum();
-    Duration::from_millis(ticks * 10)
+    #[cfg(target_os = "linux")]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        Duration::new(
+            t.tv_sec.max(0) as u64,
+            t.tv_nsec.clamp(0, 999_999_999) as u32,
+        )
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Duration::ZERO
+    }
 }
 
 /// Minor page faults this process has taken so far (the kernel mapping a fresh page on first

@@ -130,6 +130,25 @@ impl RedisServer {
         }
     }
 
+    /// For examples run against a given Redis: deletes every key of namespace `ns` (a fixed
+    /// name, which an earlier run may have left keys under) and returns how many.
+    pub fn clear_namespace(url: &str, ns: &str) -> usize {
+        let client = redis::Client::open(url).expect("redis URL");
+        let mut conn = client.get_connection().expect("connect to redis");
+        // SCAN, not KEYS: the Redis given may be a shared one.
+        let keys: Vec<String> = redis::Commands::scan_match(&mut conn, format!("{{{ns}}}*"))
+            .expect("SCAN")
+            .collect::<Result<_, _>>()
+            .expect("SCAN");
+        for key in &keys {
+            redis::cmd("DEL")
+                .arg(key)
+                .query::<()>(&mut conn)
+                .expect("DEL");
+        }
+        keys.len()
+    }
+
     /// SIGKILLs the server: no shutdown, no final flush.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
