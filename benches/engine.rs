@@ -298,7 +298,7 @@ fn reports() {
     let (p50, p99, max) = percentiles(&lateness_tokio(n, span));
     println!("| tokio::time::sleep (2 workers) | {p50:.3} | {p99:.3} | {max:.3} |");
     let idle = idle_cpu(n, window);
-    println!("\nIdle: {n} timers ≥ 1 h away, CPU over {window:?}: {idle:.2}% of one core");
+    println!("\nIdle: {n} timers ≥ 1 h away, CPU over {window:?}: {idle:.4}% of one core");
 }
 
 fn main() {

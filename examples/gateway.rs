@@ -339,7 +339,7 @@ fn print_report(r: &Report, json: bool) {
         "| resident bytes per pending timer | {:.1} |",
         r.bytes_per_timer
     );
-    println!("| CPU while idle (% of one core) | {:.2} |", r.idle_cpu_pct);
+    println!("| CPU while idle (% of one core) | {:.4} |", r.idle_cpu_pct);
     if json {
         let v = serde_json::json!({
             "scheduled": r.scheduled,
