@@ -866,8 +866,10 @@ fn concurrent_shard_claims_stay_within_max_held() {
         cfg.batch = 8;
         cfg.max_held = 10;
         cfg.reconcile = Duration::from_millis(100);
+        // Claimed at once, and held for seconds before they are due.
+        cfg.lookahead = Duration::from_secs(10);
     });
-    let due = now_ms() + 1_800;
+    let due = now_ms() + 4_000;
     enqueue_all(
         &rt,
         &p,
@@ -879,9 +881,42 @@ fn concurrent_shard_claims_stay_within_max_held() {
     wait_until("the room filled", || c.held() >= 10);
     // Several claim rounds on every shard, none of them due yet.
     std::thread::sleep(Duration::from_millis(400));
-    assert_eq!(c.held(), 10, "held past max_held");
-    assert_eq!(c.stats().claimed, 10);
+    let (held, claimed) = (c.held(), c.stats().claimed);
+    assert!(
+        now_ms() < due,
+        "the setup took too long: the tasks came due"
+    );
+    assert_eq!(held, 10, "held past max_held");
+    assert_eq!(claimed, 10);
     wait_until("all forty", || fired.lock().len() == 40);
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// On a sharded queue a wake-up names its shard, and only that shard's claim loop answers it:
+/// one claim, not one per shard (with thousands of shards, every wake-up would otherwise be
+/// thousands of claims).
+#[test]
+fn a_wake_up_claims_only_its_shard() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("wake_shard", |cfg| {
+        cfg.shards = 4;
+        // No reconcile claim during the test: only the first claims and the wake-up's.
+        cfg.reconcile = Duration::from_secs(30);
+        cfg.lookahead = Duration::from_secs(40);
+    });
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    wait_until("the first claim of every shard", || c.stats().claims == 4);
+    // Past the lookahead's first claims, so only the wake-up can bring it in time.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = c.stats().claims;
+    enqueue_all(&rt, &p, "job", vec![("w1".into(), now_ms() + 300)]);
+    wait_until("the woken task", || fired.lock().contains_key("w1"));
+    assert_eq!(c.stats().claims - before, 1, "claims on other shards");
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 

@@ -175,6 +175,8 @@ struct Shared {
     outcomes: mpsc::Sender<Outcome>,
     /// One per shard in `claim_from`, for its claim loop.
     wakes: Vec<Wake>,
+    /// Claim loops whose last claim failed: the first to fail logs the outage, not every shard.
+    failing: AtomicUsize,
     /// Room in `held` that claims in flight have reserved: claims on several shards run at
     /// once, and together stay within `max_held`.
     reserved: AtomicUsize,
@@ -242,10 +244,13 @@ impl Consumer {
                 fastrand::u32(..)
             )
         });
-        let claim_from = cfg
+        let mut claim_from = cfg
             .assigned_shards
             .clone()
             .unwrap_or_else(|| (0..cfg.shards).collect());
+        // One claim loop per shard, however often it is listed.
+        claim_from.sort_unstable();
+        claim_from.dedup();
         let wakes = claim_from
             .iter()
             .map(|_| Wake {
@@ -264,6 +269,7 @@ impl Consumer {
             working: Mutex::new(HashMap::new()),
             outcomes: out_tx,
             wakes,
+            failing: AtomicUsize::new(0),
             reserved: AtomicUsize::new(0),
             counters: Counters::default(),
             lateness: Mutex::new(
@@ -465,7 +471,8 @@ impl Consumer {
                     .key(keys.owner())
                     .key(keys.due())
                     .arg(self.shared.cfg.channel())
-                    .arg(self.shared.cfg.notify_before());
+                    .arg(self.shared.cfg.notify_before())
+                    .arg(self.shared.cfg.wake_suffix(shard));
                 for (id, owner, due) in chunk {
                     inv.arg(id.as_str()).arg(&**owner).arg(*due);
                 }
@@ -638,11 +645,14 @@ async fn claim_loop(
         match claim(&shared, &timer, shard).await {
             Ok(n) => full = n == cfg.batch,
             Err(e) => {
-                if failures == 0 {
+                if failures == 0 && shared.failing.fetch_add(1, SeqCst) == 0 {
                     tracing::warn!(shard, error = %e, "claim failed; retrying with backoff");
                 }
                 failed = true;
             }
+        }
+        if !failed && failures > 0 {
+            shared.failing.fetch_sub(1, SeqCst);
         }
         failures = if failed { failures + 1 } else { 0 };
         let pause = if failed {
@@ -650,7 +660,10 @@ async fn claim_loop(
         } else if full && shared.held.lock().len() < cfg.max_held {
             Duration::ZERO
         } else {
-            cfg.reconcile
+            // 80–100% of it, so that the loops of many shards, started together, do not claim
+            // in step; never more, or a task could fall between two claims' windows (the
+            // config checks `lookahead ≥ reconcile + claim_margin`).
+            cfg.reconcile.mul_f64(0.8 + 0.2 * fastrand::f64())
         };
         next = tokio::time::Instant::now() + pause;
     }
@@ -828,12 +841,8 @@ async fn listen(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                     tokio::select! {
                         m = messages.next() => match m {
                             Some(m) => {
-                                if let Ok(due) = m.get_payload::<u64>() {
-                                    // The message does not say which shard: every loop looks.
-                                    for wake in &shared.wakes {
-                                        wake.at.fetch_min(due, SeqCst);
-                                        wake.notify.notify_one();
-                                    }
+                                if let Ok(text) = m.get_payload::<String>() {
+                                    wake_loops(&shared, &text);
                                 }
                             }
                             None => break,
@@ -849,6 +858,31 @@ async fn listen(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = stop.changed() => return,
         }
+    }
+}
+
+/// Hands a wake-up (`due` or `due:shard`) to the claim loop of its shard, or, without a
+/// shard (a queue of one shard, or an older producer), to every loop. Anything else is
+/// ignored: any client may publish on the channel.
+fn wake_loops(shared: &Shared, text: &str) {
+    let (due, shard) = match text.split_once(':') {
+        Some((due, shard)) => match shard.parse::<u32>() {
+            Ok(shard) => (due, Some(shard)),
+            Err(_) => return,
+        },
+        None => (text, None),
+    };
+    let Ok(due) = due.parse::<u64>() else {
+        return;
+    };
+    for (wake, _) in shared
+        .wakes
+        .iter()
+        .zip(&shared.claim_from)
+        .filter(|(_, &s)| shard.is_none_or(|wanted| wanted == s))
+    {
+        wake.at.fetch_min(due, SeqCst);
+        wake.notify.notify_one();
     }
 }
 
@@ -873,7 +907,8 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 .key(keys.expired())
                 .arg(1_000)
                 .arg(shared.cfg.channel())
-                .arg(shared.cfg.max_lease_expiries);
+                .arg(shared.cfg.max_lease_expiries)
+                .arg(shared.cfg.wake_suffix(shard));
             match shared.conn.run::<(u64, u64)>(&inv).await {
                 Ok((0, 0)) => {}
                 Ok((n, dead)) => {
@@ -1028,7 +1063,8 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
                 .arg(envelope.as_slice())
                 .arg(*due)
                 .arg(shared.cfg.channel())
-                .arg(shared.cfg.notify_before());
+                .arg(shared.cfg.notify_before())
+                .arg(shared.cfg.wake_suffix(*shard));
             (inv, id, &shared.counters.retried)
         }
         Outcome::Dead {

@@ -245,6 +245,17 @@ impl QueueConfig {
         }
     }
 
+    /// What a wake-up for a task of `shard` appends to its due time: `:shard` on a sharded
+    /// queue, so that only that shard's claim loops answer it, and nothing on a queue of one
+    /// shard (a consumer also takes a bare due time as a wake-up for all its shards).
+    pub(crate) fn wake_suffix(&self, shard: u32) -> String {
+        if self.shards > 1 {
+            format!(":{shard}")
+        } else {
+            String::new()
+        }
+    }
+
     /// The pub/sub channel of wake-ups.
     pub(crate) fn channel(&self) -> String {
         format!("{{{}}}:wake", self.namespace)
@@ -453,8 +464,10 @@ impl Producer {
             Ok(b) => b,
             Err(e) => return Err(QueueError::Envelope(e, Box::new(envelope))),
         };
-        let keys = self.keys(&envelope.id);
+        let shard = shard_of(&envelope.id, self.cfg.shards);
+        let keys = &self.shards[shard as usize];
         let notify_before = self.cfg.notify_before();
+        let wake = format!("{}{}", envelope.due_at, self.cfg.wake_suffix(shard));
         let mut inv = scripts::ENQUEUE.prepare_invoke();
         inv.key(keys.due())
             .key(keys.tasks())
@@ -467,7 +480,7 @@ impl Producer {
             .arg(u8::from(replace))
             .arg(self.cfg.channel())
             .arg(notify_before)
-            .arg(envelope.due_at);
+            .arg(wake);
         match self.conn.run::<i64>(&inv).await {
             Ok(n) => Ok(n == 1),
             Err(e) => Err(QueueError::NotEnqueued(e.into(), Box::new(envelope))),
@@ -565,7 +578,8 @@ impl Producer {
             .arg(envelope.due_at)
             .arg(self.cfg.channel())
             // Only the record read above: one dead-lettered again meanwhile stays.
-            .arg(&record);
+            .arg(&record)
+            .arg(self.cfg.wake_suffix(shard_of(id, self.cfg.shards)));
         match self.conn.run::<i64>(&inv).await? {
             1 => Ok(true),
             -1 => Err(QueueError::StillPending(id.to_string())),

@@ -134,7 +134,7 @@ return out
 });
 
 /// KEYS: lease, owner, tasks, due. ARGV: id, owner, new envelope, next due (ms), channel,
-/// notify before (ms). Puts a failed task back in the queue for its next attempt, if the owner
+/// notify before (ms), wake-up suffix (`:shard`, or empty). Puts a failed task back in the queue for its next attempt, if the owner
 /// still matches, and wakes the consumers if it is due soon.
 pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -144,7 +144,7 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
-if tonumber(ARGV[4]) < tonumber(ARGV[6]) then redis.call('PUBLISH', ARGV[5], ARGV[4]) end
+if tonumber(ARGV[4]) < tonumber(ARGV[6]) then redis.call('PUBLISH', ARGV[5], ARGV[4] .. ARGV[7]) end
 return 1
 ",
     )
@@ -166,14 +166,15 @@ return 1
     )
 });
 
-/// KEYS: lease, owner, due. ARGV: channel, notify before (ms), then id1, owner1, due1, ...
+/// KEYS: lease, owner, due. ARGV: channel, notify before (ms), wake-up suffix (`:shard`, or
+/// empty), then id1, owner1, due1, ...
 /// Hands claimed, unfired tasks back to the queue at their due time (graceful shutdown) and
 /// wakes the other consumers for the earliest. Returns how many were handed back.
 pub(crate) static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local n, first = 0, nil
-for i = 3, #ARGV, 3 do
+for i = 4, #ARGV, 3 do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
     redis.call('ZREM', KEYS[1], ARGV[i])
     redis.call('HDEL', KEYS[2], ARGV[i])
@@ -183,14 +184,16 @@ for i = 3, #ARGV, 3 do
     n = n + 1
   end
 end
-if first ~= nil and first < tonumber(ARGV[2]) then redis.call('PUBLISH', ARGV[1], tostring(first)) end
+if first ~= nil and first < tonumber(ARGV[2]) then
+  redis.call('PUBLISH', ARGV[1], tostring(first) .. ARGV[3])
+end
 return n
 ",
     )
 });
 
 /// KEYS: lease, owner, due, tasks, dead, expired. ARGV: batch, channel, max expiries (0: no
-/// limit). Returns tasks whose lease expired by Redis's clock (their consumer died or stalled)
+/// limit), wake-up suffix (`:shard`, or empty). Returns tasks whose lease expired by Redis's clock (their consumer died or stalled)
 /// to the queue, due now, and wakes the consumers; counts each task's expiries, and moves a
 /// task whose lease has now expired `max` times to the dead-letter HASH instead (a task that
 /// takes its consumer down each time is not delivered forever), with a record as the
@@ -222,13 +225,14 @@ for _, id in ipairs(ids) do
     requeued = requeued + 1
   end
 end
-if requeued > 0 then redis.call('PUBLISH', ARGV[2], tostring(now)) end
+if requeued > 0 then redis.call('PUBLISH', ARGV[2], tostring(now) .. ARGV[4]) end
 return {{requeued, dead}}
 ",
     ))
 });
 
-/// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms), channel, the dead record as read.
+/// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms), channel, the dead record as read,
+/// wake-up suffix (`:shard`, or empty).
 /// Moves a dead-lettered task back to the queue with a fresh envelope and wakes the consumers.
 /// Returns 0 if the dead-letter HASH no longer holds that record for the id (gone, or
 /// dead-lettered again since it was read), -1 (and changes nothing) if a task with that id is
@@ -241,7 +245,7 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return -1 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[3] .. ARGV[6])
 return 1
 ",
     )
@@ -279,6 +283,7 @@ mod tests {
             .arg(100)
             .arg("chan")
             .arg(max)
+            .arg("")
             .invoke(conn)
             .unwrap()
     }
