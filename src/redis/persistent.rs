@@ -722,6 +722,10 @@ impl<S: TaskStore> Persistent<S> {
     /// memory are kept as they are, and ids cancelled or acknowledged since are not loaded
     /// again. A snapshot asked for meanwhile waits until the restore is done. An error if the
     /// store fails, or its scan stops before the last page. A `page_size` of 0 is taken as 1.
+    ///
+    /// Pages of a few thousand restored fastest in `examples/persist_report.rs` (1M tasks:
+    /// about 5.1 s with 4 000 against 5.9 s with 1 000, on a slow VM); each page is one Redis
+    /// command that runs whole while other clients wait.
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
         let page_size = page_size.max(1);
         let mut restoring = Restoring::begin(&self.inner);
