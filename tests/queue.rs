@@ -920,6 +920,100 @@ fn a_wake_up_claims_only_its_shard() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A shard whose node stops answering delays no other shard's reaping: a crashed consumer's
+/// task on another node is reaped and fires elsewhere after its lease. (One reaper went
+/// through the shards in turn, so it waited on the paused node first.)
+#[test]
+fn a_paused_node_delays_no_other_shards_reaping() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg = QueueConfig::new(urls[0].clone(), "reaped");
+    cfg.cluster_nodes = urls.clone();
+    cfg.shards = 6;
+    cfg.reconcile = Duration::from_millis(100);
+    cfg.reaper_interval = Duration::from_millis(50);
+    // Long enough that the lease runs out after the pause below has begun.
+    cfg.lease = Duration::from_millis(1_500);
+    cfg.notify = false;
+    let p = producer(&rt, &cfg);
+    let owner = |shard: u32| {
+        (0..urls.len())
+            .find(|&n| {
+                let mut conn = redis::Client::open(urls[n].as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                redis::cmd("EXISTS")
+                    .arg(format!("{{reaped:{shard}}}:due"))
+                    .query::<u64>(&mut conn)
+                    .is_ok()
+            })
+            .expect("a node owns the slot")
+    };
+    let paused = owner(0);
+    let other = (1..6)
+        .find(|&s| owner(s) != paused)
+        .expect("all shards on one node");
+    let id = (0..)
+        .map(|i| format!("r{i}"))
+        .find(|id| shard_of(id, 6) == other)
+        .unwrap();
+    // A claims the task (on its shard only) and crashes while running it: no renewals.
+    let started = Arc::new(Mutex::new(false));
+    let a = {
+        let started = started.clone();
+        let only_other = QueueConfig {
+            assigned_shards: Some(vec![other]),
+            renew_leases: false,
+            ..cfg.clone()
+        };
+        Consumer::start(
+            only_other,
+            Handlers::new().on("job", move |_| {
+                *started.lock() = true;
+                std::thread::sleep(Duration::from_secs(30));
+                Ok(())
+            }),
+        )
+        .unwrap()
+    };
+    enqueue_all(&rt, &p, "job", vec![(id.clone(), now_ms())]);
+    wait_until("A's handler", || *started.lock());
+    a.abort();
+    // B claims and reaps every shard; shard 0's node stops answering.
+    let fired: Fired = Arc::default();
+    let b = Consumer::start(cfg.clone(), recorder(&fired, 1, "job")).unwrap();
+    wait_until("B's first claims", || b.stats().claims >= 6);
+    let mut node = redis::Client::open(urls[paused].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3_000)
+        .arg("ALL")
+        .query::<()>(&mut node)
+        .unwrap();
+    let paused_at = now_ms();
+    assert!(
+        fired.lock().is_empty(),
+        "reaped before the pause: the test shows nothing"
+    );
+    wait_until("the reaped task", || fired.lock().contains_key(&id));
+    let fired_ms = fired.lock()[&id][0].1 / 1_000;
+    assert!(
+        fired_ms < paused_at + 2_500,
+        "fired {} ms after the pause began: the reaper waited on the paused node",
+        fired_ms.saturating_sub(paused_at)
+    );
+    assert!(b.stats().recovered >= 1, "{:?}", b.stats());
+    std::thread::sleep(Duration::from_millis(
+        (paused_at + 3_100).saturating_sub(now_ms()),
+    ));
+    b.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 /// A shard whose node stops answering delays no other shard's tasks: each shard has its own
 /// claim loop. (One loop used to claim the shards one after another, so a paused node held
 /// every shard's claims for as long as the pause.)
@@ -1065,7 +1159,11 @@ fn busy_single_handler(
         "job",
         (0..n).map(|i| (format!("q{i}"), due)).collect(),
     );
+    // Every task claimed and past its due time, so every timer has fired (the first handler
+    // runs, the others wait for its thread) and none is still in the wheel.
+    wait_until("every task claimed", || c.stats().claimed == n as u64);
     wait_until("the first handler", || !runs.lock().is_empty());
+    std::thread::sleep(Duration::from_millis((due + 50).saturating_sub(now_ms())));
     (fixture, runs, c)
 }
 

@@ -302,7 +302,11 @@ impl Consumer {
             })
             .collect();
         loops.push(rt.spawn(listen(shared.clone(), stop_rx.clone())));
-        loops.push(rt.spawn(reap_loop(shared.clone(), stop_rx.clone())));
+        // And a reaper per shard, for the same reason.
+        loops.extend(
+            (0..shared.claim_from.len())
+                .map(|i| rt.spawn(reap_loop(shared.clone(), stop_rx.clone(), i))),
+        );
         let (finish, finish_rx) = tokio::sync::oneshot::channel();
         let resolver = rt.spawn(resolve(shared.clone(), out_rx, finish_rx));
         tracing::debug!(consumer = %shared.id, "queue consumer started");
@@ -886,17 +890,23 @@ fn wake_loops(shared: &Shared, text: &str) {
     }
 }
 
-/// Returns expired leases to the queue and samples the queue's depth, every
+/// Returns expired leases of the `i`-th assigned shard to the queue and samples its depth, every
 /// `reaper_interval`.
-async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(shared.cfg.reaper_interval);
+async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usize) {
+    let shard = shared.claim_from[i];
+    // The shards' reapers start spread over one interval, so they do not run in step.
+    let offset = shared.cfg.reaper_interval.mul_f64(fastrand::f64());
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + offset,
+        shared.cfg.reaper_interval,
+    );
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        for &shard in &shared.claim_from {
+        {
             let keys = &shared.shards[shard as usize];
             let mut inv = scripts::REAP.prepare_invoke();
             inv.key(keys.lease())
