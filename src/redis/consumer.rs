@@ -376,14 +376,18 @@ impl Consumer {
         // The loops see `stop` between Redis calls: one waiting on a Redis that hangs is
         // stopped at the deadline instead (the reply it waits for changes nothing that the
         // lease and the reaper do not repair).
-        for l in self.loops.drain(..) {
-            let abort = l.abort_handle();
-            let left = remaining(deadline);
-            if wait_on(&rt, async move { tokio::time::timeout(left, l).await })
-                .is_none_or(|r| r.is_err())
-            {
-                abort.abort();
-            }
+        // All together under one timeout: there are two per shard.
+        let loops: Vec<_> = self.loops.drain(..).collect();
+        let aborts: Vec<_> = loops.iter().map(|l| l.abort_handle()).collect();
+        let left = remaining(deadline);
+        let all_done = wait_on(&rt, async move {
+            tokio::time::timeout(left, futures_util::future::join_all(loops))
+                .await
+                .is_ok()
+        });
+        if all_done != Some(true) {
+            // Those still waiting on Redis; aborting one that ended is a no-op.
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
         // Take every unfired task out of the wheel. Entries whose timer already fired stay:
         // their handlers run (or wait in the pool's queue) and settle them.
