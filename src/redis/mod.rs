@@ -16,7 +16,7 @@
 //! use delaywheel::redis::{now_ms, PersistConfig, Persistent};
 //!
 //! let (engine, fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
-//! engine.restore(1_000)?; // what the previous process left
+//! engine.restore(4_000)?; // what the previous process left, 4 000 entries per page
 //! engine.schedule("order:42", "order.close", serde_json::json!({ "order_id": 42 }), now_ms() + 30 * 60_000)?;
 //! for task in fired {
 //!     // close the order if it is still unpaid (idempotently), then:
