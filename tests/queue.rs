@@ -920,53 +920,108 @@ fn a_wake_up_claims_only_its_shard() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A 6-shard queue on a 3-node cluster, for the paused-node tests: shard 0's node (`paused`),
+/// a shard on another node (`other`), and a task id that goes to `other`.
+struct SplitCluster {
+    _cluster: RedisCluster,
+    urls: Vec<String>,
+    rt: tokio::runtime::Runtime,
+    cfg: QueueConfig,
+    p: Producer,
+    paused: usize,
+    other: u32,
+    id: String,
+}
+
+impl SplitCluster {
+    fn start(ns: &str, tweak: impl FnOnce(&mut QueueConfig)) -> SplitCluster {
+        let cluster = RedisCluster::start(3);
+        let urls = cluster.urls();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut cfg = QueueConfig::new(urls[0].clone(), ns);
+        cfg.cluster_nodes = urls.clone();
+        cfg.shards = 6;
+        cfg.reconcile = Duration::from_millis(100);
+        // Claimed by the reconcile claims alone: the wake-up channel may be on the paused node.
+        cfg.notify = false;
+        tweak(&mut cfg);
+        let p = producer(&rt, &cfg);
+        // The node that owns a shard's slot answers a plain EXISTS; the others answer MOVED.
+        let owner = |shard: u32| {
+            (0..urls.len())
+                .find(|&n| {
+                    let mut conn = redis::Client::open(urls[n].as_str())
+                        .unwrap()
+                        .get_connection()
+                        .unwrap();
+                    redis::cmd("EXISTS")
+                        .arg(format!("{{{ns}:{shard}}}:due"))
+                        .query::<u64>(&mut conn)
+                        .is_ok()
+                })
+                .expect("a node owns the slot")
+        };
+        let paused = owner(0);
+        let other = (1..6)
+            .find(|&s| owner(s) != paused)
+            .expect("all shards on one node");
+        let id = (0..)
+            .map(|i| format!("t{i}"))
+            .find(|id| shard_of(id, 6) == other)
+            .unwrap();
+        SplitCluster {
+            _cluster: cluster,
+            urls,
+            rt,
+            cfg,
+            p,
+            paused,
+            other,
+            id,
+        }
+    }
+
+    /// Pauses every client of shard 0's node for 3 s; returns when (ms) it began.
+    fn pause(&self) -> u64 {
+        let mut node = redis::Client::open(self.urls[self.paused].as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(3_000)
+            .arg("ALL")
+            .query::<()>(&mut node)
+            .unwrap();
+        now_ms()
+    }
+
+    /// Waits for the pause begun at `paused_at` to end, so that shutdown does not wait on it.
+    fn wait_out(paused_at: u64) {
+        std::thread::sleep(Duration::from_millis(
+            (paused_at + 3_100).saturating_sub(now_ms()),
+        ));
+    }
+}
+
 /// A shard whose node stops answering delays no other shard's reaping: a crashed consumer's
 /// task on another node is reaped and fires elsewhere after its lease. (One reaper went
 /// through the shards in turn, so it waited on the paused node first.)
 #[test]
 fn a_paused_node_delays_no_other_shards_reaping() {
-    let cluster = RedisCluster::start(3);
-    let urls = cluster.urls();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cfg = QueueConfig::new(urls[0].clone(), "reaped");
-    cfg.cluster_nodes = urls.clone();
-    cfg.shards = 6;
-    cfg.reconcile = Duration::from_millis(100);
-    cfg.reaper_interval = Duration::from_millis(50);
-    // Long enough that the lease runs out after the pause below has begun.
-    cfg.lease = Duration::from_millis(1_500);
-    cfg.notify = false;
-    let p = producer(&rt, &cfg);
-    let owner = |shard: u32| {
-        (0..urls.len())
-            .find(|&n| {
-                let mut conn = redis::Client::open(urls[n].as_str())
-                    .unwrap()
-                    .get_connection()
-                    .unwrap();
-                redis::cmd("EXISTS")
-                    .arg(format!("{{reaped:{shard}}}:due"))
-                    .query::<u64>(&mut conn)
-                    .is_ok()
-            })
-            .expect("a node owns the slot")
-    };
-    let paused = owner(0);
-    let other = (1..6)
-        .find(|&s| owner(s) != paused)
-        .expect("all shards on one node");
-    let id = (0..)
-        .map(|i| format!("r{i}"))
-        .find(|id| shard_of(id, 6) == other)
-        .unwrap();
+    let split = SplitCluster::start("reaped", |cfg| {
+        cfg.reaper_interval = Duration::from_millis(50);
+        // Long enough that the lease runs out after the pause below has begun.
+        cfg.lease = Duration::from_millis(1_500);
+    });
     // A claims the task (on its shard only) and crashes while running it: no renewals.
     let started = Arc::new(Mutex::new(false));
     let a = {
         let started = started.clone();
         let only_other = QueueConfig {
-            assigned_shards: Some(vec![other]),
+            assigned_shards: Some(vec![split.other]),
             renew_leases: false,
-            ..cfg.clone()
+            ..split.cfg.clone()
         };
         Consumer::start(
             only_other,
@@ -978,39 +1033,32 @@ fn a_paused_node_delays_no_other_shards_reaping() {
         )
         .unwrap()
     };
-    enqueue_all(&rt, &p, "job", vec![(id.clone(), now_ms())]);
+    enqueue_all(
+        &split.rt,
+        &split.p,
+        "job",
+        vec![(split.id.clone(), now_ms())],
+    );
     wait_until("A's handler", || *started.lock());
     a.abort();
     // B claims and reaps every shard; shard 0's node stops answering.
     let fired: Fired = Arc::default();
-    let b = Consumer::start(cfg.clone(), recorder(&fired, 1, "job")).unwrap();
+    let b = Consumer::start(split.cfg.clone(), recorder(&fired, 1, "job")).unwrap();
     wait_until("B's first claims", || b.stats().claims >= 6);
-    let mut node = redis::Client::open(urls[paused].as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(3_000)
-        .arg("ALL")
-        .query::<()>(&mut node)
-        .unwrap();
-    let paused_at = now_ms();
+    let paused_at = split.pause();
     assert!(
         fired.lock().is_empty(),
         "reaped before the pause: the test shows nothing"
     );
-    wait_until("the reaped task", || fired.lock().contains_key(&id));
-    let fired_ms = fired.lock()[&id][0].1 / 1_000;
+    wait_until("the reaped task", || fired.lock().contains_key(&split.id));
+    let fired_ms = fired.lock()[&split.id][0].1 / 1_000;
     assert!(
         fired_ms < paused_at + 2_500,
         "fired {} ms after the pause began: the reaper waited on the paused node",
         fired_ms.saturating_sub(paused_at)
     );
     assert!(b.stats().recovered >= 1, "{:?}", b.stats());
-    std::thread::sleep(Duration::from_millis(
-        (paused_at + 3_100).saturating_sub(now_ms()),
-    ));
+    SplitCluster::wait_out(paused_at);
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
@@ -1019,77 +1067,32 @@ fn a_paused_node_delays_no_other_shards_reaping() {
 /// every shard's claims for as long as the pause.)
 #[test]
 fn a_paused_node_delays_no_other_shards_tasks() {
-    let cluster = RedisCluster::start(3);
-    let urls = cluster.urls();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cfg = QueueConfig::new(urls[0].clone(), "paused");
-    cfg.cluster_nodes = urls.clone();
-    cfg.shards = 6;
-    cfg.reconcile = Duration::from_millis(100);
-    // Claimed by the reconcile claims alone: the wake-up channel may be on the paused node.
-    cfg.notify = false;
-    let p = producer(&rt, &cfg);
-    // The node that owns a shard's slot answers a plain EXISTS; the others answer MOVED.
-    let owner = |shard: u32| {
-        (0..urls.len())
-            .find(|&n| {
-                let mut conn = redis::Client::open(urls[n].as_str())
-                    .unwrap()
-                    .get_connection()
-                    .unwrap();
-                redis::cmd("EXISTS")
-                    .arg(format!("{{paused:{shard}}}:due"))
-                    .query::<u64>(&mut conn)
-                    .is_ok()
-            })
-            .expect("a node owns the slot")
-    };
-    let paused = owner(0);
-    let other = (1..6)
-        .find(|&s| owner(s) != paused)
-        .expect("all shards on one node");
-    let id = (0..)
-        .map(|i| format!("t{i}"))
-        .find(|id| shard_of(id, 6) == other)
-        .unwrap();
+    let split = SplitCluster::start("paused", |_| {});
     let fired: Fired = Arc::default();
-    let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    let c = Consumer::start(split.cfg.clone(), recorder(&fired, 0, "job")).unwrap();
     wait_until("first claims", || c.stats().claims >= 6);
     // The producer's first enqueue loads its script on every node (SCRIPT LOAD goes to all
     // of them): done before the pause, as a running producer has.
     enqueue_all(
-        &rt,
-        &p,
+        &split.rt,
+        &split.p,
         "job",
         vec![("warm-up".into(), now_ms() + 3_600_000)],
     );
-    let mut node = redis::Client::open(urls[paused].as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(3_000)
-        .arg("ALL")
-        .query::<()>(&mut node)
-        .unwrap();
-    let paused_at = now_ms();
+    let paused_at = split.pause();
     let due = paused_at + 500;
-    enqueue_all(&rt, &p, "job", vec![(id.clone(), due)]);
+    enqueue_all(&split.rt, &split.p, "job", vec![(split.id.clone(), due)]);
     wait_until("the task on the other node", || {
-        fired.lock().contains_key(&id)
+        fired.lock().contains_key(&split.id)
     });
-    let fired_ms = fired.lock()[&id][0].1 / 1_000;
+    let fired_ms = fired.lock()[&split.id][0].1 / 1_000;
     assert!(
         fired_ms < paused_at + 2_500,
         "due {} ms after the pause began, fired after {} ms: behind the paused node",
         due - paused_at,
         fired_ms.saturating_sub(paused_at)
     );
-    // Let the pause end, so that shutdown does not wait on it.
-    std::thread::sleep(Duration::from_millis(
-        (paused_at + 3_100).saturating_sub(now_ms()),
-    ));
+    SplitCluster::wait_out(paused_at);
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
