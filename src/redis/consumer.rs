@@ -373,10 +373,9 @@ impl Consumer {
         let Some(rt) = self.rt.take() else {
             return Ok(0);
         };
-        // The loops see `stop` between Redis calls: one waiting on a Redis that hangs is
-        // stopped at the deadline instead (the reply it waits for changes nothing that the
-        // lease and the reaper do not repair).
-        // All together under one timeout: there are two per shard.
+        // The loops (two per shard) see `stop` between Redis calls; they are awaited together,
+        // and those still waiting on a Redis that hangs are stopped at the deadline instead
+        // (the reply they wait for changes nothing that the lease and the reaper do not repair).
         let loops: Vec<_> = self.loops.drain(..).collect();
         let aborts: Vec<_> = loops.iter().map(|l| l.abort_handle()).collect();
         let left = remaining(deadline);
@@ -686,27 +685,22 @@ struct Reserved<'a> {
 
 impl Reserved<'_> {
     /// Up to a batch of the room left under `max_held`, counting what other claims in flight
-    /// reserved; `None` if there is none.
+    /// reserved; `None` if there is none. Reserved under `held`'s lock, so two claims cannot
+    /// both count the same room (a release meanwhile only makes the count conservative).
     fn take(shared: &Shared) -> Option<Reserved<'_>> {
-        let mut reserved = shared.reserved.load(SeqCst);
-        loop {
-            let used = shared.held.lock().len().saturating_add(reserved);
-            let n = shared
-                .cfg
-                .max_held
-                .saturating_sub(used)
-                .min(shared.cfg.batch);
-            if n == 0 {
-                return None;
-            }
-            match shared
-                .reserved
-                .compare_exchange(reserved, reserved + n, SeqCst, SeqCst)
-            {
-                Ok(_) => return Some(Reserved { shared, n }),
-                Err(now) => reserved = now,
-            }
+        let held = shared.held.lock();
+        let used = held.len().saturating_add(shared.reserved.load(SeqCst));
+        let n = shared
+            .cfg
+            .max_held
+            .saturating_sub(used)
+            .min(shared.cfg.batch);
+        if n == 0 {
+            return None;
         }
+        shared.reserved.fetch_add(n, SeqCst);
+        drop(held);
+        Some(Reserved { shared, n })
     }
 }
 
@@ -910,56 +904,50 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        {
-            let keys = &shared.shards[shard as usize];
-            let mut inv = scripts::REAP.prepare_invoke();
-            inv.key(keys.lease())
-                .key(keys.owner())
-                .key(keys.due())
-                .key(keys.tasks())
-                .key(keys.dead())
-                .key(keys.expired())
-                .arg(1_000)
-                .arg(shared.cfg.channel())
-                .arg(shared.cfg.max_lease_expiries)
-                .arg(shared.cfg.wake_suffix(shard));
-            match shared.conn.run::<(u64, u64)>(&inv).await {
-                Ok((0, 0)) => {}
-                Ok((n, dead)) => {
-                    if n > 0 {
-                        tracing::info!(
-                            shard,
-                            recovered = n,
-                            "expired leases returned to the queue"
-                        );
-                        shared.counters.recovered.fetch_add(n, Relaxed);
-                        metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
-                    }
-                    if dead > 0 {
-                        tracing::warn!(
-                            shard,
-                            dead,
-                            max = shared.cfg.max_lease_expiries,
-                            "tasks whose lease ran out too often were dead-lettered"
-                        );
-                        shared.counters.dead_lettered.fetch_add(dead, Relaxed);
-                    }
+        let keys = &shared.shards[shard as usize];
+        let mut inv = scripts::REAP.prepare_invoke();
+        inv.key(keys.lease())
+            .key(keys.owner())
+            .key(keys.due())
+            .key(keys.tasks())
+            .key(keys.dead())
+            .key(keys.expired())
+            .arg(1_000)
+            .arg(shared.cfg.channel())
+            .arg(shared.cfg.max_lease_expiries)
+            .arg(shared.cfg.wake_suffix(shard));
+        match shared.conn.run::<(u64, u64)>(&inv).await {
+            Ok((0, 0)) => {}
+            Ok((n, dead)) => {
+                if n > 0 {
+                    tracing::info!(shard, recovered = n, "expired leases returned to the queue");
+                    shared.counters.recovered.fetch_add(n, Relaxed);
+                    metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
                 }
-                Err(e) => tracing::debug!(error = %e, "reaper: redis unavailable"),
+                if dead > 0 {
+                    tracing::warn!(
+                        shard,
+                        dead,
+                        max = shared.cfg.max_lease_expiries,
+                        "tasks whose lease ran out too often were dead-lettered"
+                    );
+                    shared.counters.dead_lettered.fetch_add(dead, Relaxed);
+                }
             }
-            let fired = shared.counters.fired.load(Relaxed);
-            if fired > 0 {
-                metrics::gauge!("delaywheel_queue_commands_per_fired_task")
-                    .set(shared.conn.commands.load(Relaxed) as f64 / fired as f64);
-            }
-            if let Ok(d) = sample_depth(&shared.conn, keys).await {
-                let shard = shard.to_string();
-                metrics::gauge!("delaywheel_queue_depth", "shard" => shard.clone())
-                    .set(d.queued as f64);
-                metrics::gauge!("delaywheel_queue_leased", "shard" => shard.clone())
-                    .set(d.leased as f64);
-                metrics::gauge!("delaywheel_queue_dead", "shard" => shard).set(d.dead as f64);
-            }
+            Err(e) => tracing::debug!(error = %e, "reaper: redis unavailable"),
+        }
+        let fired = shared.counters.fired.load(Relaxed);
+        if fired > 0 {
+            metrics::gauge!("delaywheel_queue_commands_per_fired_task")
+                .set(shared.conn.commands.load(Relaxed) as f64 / fired as f64);
+        }
+        if let Ok(d) = sample_depth(&shared.conn, keys).await {
+            let shard = shard.to_string();
+            metrics::gauge!("delaywheel_queue_depth", "shard" => shard.clone())
+                .set(d.queued as f64);
+            metrics::gauge!("delaywheel_queue_leased", "shard" => shard.clone())
+                .set(d.leased as f64);
+            metrics::gauge!("delaywheel_queue_dead", "shard" => shard).set(d.dead as f64);
         }
     }
 }
