@@ -58,7 +58,7 @@ impl<T> fmt::Debug for Iter<'_, T> {
 /// whatever it has not yielded yet. Leaking it leaves the rest pending, as they were.
 pub struct Drain<'a, T> {
     wheel: &'a mut Wheel<T>,
-    /// The list `Wheel::pop_any` takes from next.
+    /// The list `Wheel::remove_any` takes from next.
     list: usize,
 }
 
@@ -72,9 +72,7 @@ impl<T> Iterator for Drain<'_, T> {
     type Item = Expired<T>;
 
     fn next(&mut self) -> Option<Expired<T>> {
-        // One element off a list, then its record: the wheel is whole between calls.
-        let index = self.wheel.pop_any(&mut self.list)?;
-        let (key, deadline, value) = self.wheel.keys.take(index);
+        let (key, deadline, value) = self.wheel.remove_any(&mut self.list)?;
         Some(Expired {
             key,
             deadline,

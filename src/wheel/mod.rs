@@ -440,8 +440,8 @@ impl<T> Wheel<T> {
         // Not through `Drain`, whose own drop would drop the rest while the panic unwinds (and
         // a second panicking value would then abort).
         let mut from = 0;
-        while let Some(index) = self.pop_any(&mut from) {
-            drop(self.keys.take(index));
+        while let Some(removed) = self.remove_any(&mut from) {
+            drop(removed);
         }
         // New timers fill the lowest records first, so a later shrink can release the rest.
         self.keys.rebuild_free_list();
@@ -481,45 +481,29 @@ impl<T> Wheel<T> {
             .chain(std::iter::once(&mut self.overflow))
     }
 
-    /// Removes one pending timer's element from the end of a list and returns its record's
-    /// index, or `None` when every list is empty. Lists are visited in order from `*from`
-    /// (0: ready, then every slot, then overflow), which moves past the lists it empties.
-    /// Taking from the end moves no other element, so the wheel is consistent after each call
-    /// (the caller then takes the record).
-    pub(crate) fn pop_any(&mut self, from: &mut usize) -> Option<u32> {
-        let slots = self.slots.len();
-        while *from <= slots + 1 {
-            let i = *from;
-            let list = match i {
-                0 => &mut self.ready,
-                i if i <= slots => &mut self.slots[i - 1],
-                _ => &mut self.overflow,
-            };
-            if let Some(elem) = list.pop() {
-                // The caller takes this record now; start loading one a few calls ahead.
-                if let Some(ahead) = list.len().checked_sub(PREFETCH_AHEAD) {
+    /// Removes one pending timer, the last element of the first non-empty list from `*from`
+    /// (0: ready, then every slot, then overflow, as `lists` yields them), and moves `*from`
+    /// past the lists found empty; `None` when there is none. Removing a list's last element
+    /// moves no other, so the wheel is consistent after each call (for `Drain`, which may be
+    /// leaked, and `clear`, whose drops may panic).
+    pub(crate) fn remove_any(&mut self, from: &mut usize) -> Option<(TimerKey, u64, T)> {
+        let mut index = None;
+        for list in self.lists().skip(*from) {
+            if let Some(last) = list.last() {
+                // Taken now; start loading the record taken a few calls from now.
+                if let Some(ahead) = list.len().checked_sub(PREFETCH_AHEAD + 1) {
                     let next = list[ahead].key as usize;
                     prefetch(self.keys.entries.as_ptr().wrapping_add(next));
                 }
-                if list.is_empty() {
-                    match i {
-                        // Popping the end keeps the ready list's order; empty, it has none.
-                        0 => {
-                            self.ready_sorted = true;
-                            self.ready_min = u64::MAX;
-                        }
-                        i if i <= slots => {
-                            let per_level = self.layout.slots_per_level();
-                            self.clear_occupied((i - 1) / per_level, (i - 1) % per_level);
-                        }
-                        _ => self.overflow_min = u64::MAX,
-                    }
-                }
-                return Some(elem.key);
+                index = Some(last.key);
+                break;
             }
             *from += 1;
         }
-        None
+        let index = index?;
+        let deadline = self.keys.entries[index as usize].deadline;
+        self.unlink(index, deadline);
+        Some(self.keys.take(index))
     }
 
     #[inline]
