@@ -1096,6 +1096,67 @@ fn a_paused_node_delays_no_other_shards_tasks() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A shard whose node stops answering delays no other shard's acks: the ack of a task on the
+/// paused node hangs, and a task on another node still gets its ack written. (The resolver used
+/// to write the shards' acks one after another and wait on each, so the hung ack held back every
+/// other shard's, and behind them the handlers, blocked on a full outcome channel.)
+#[test]
+fn a_paused_node_delays_no_other_shards_acks() {
+    let split = SplitCluster::start("acks", |cfg| cfg.handler_threads = 2);
+    let on_paused = (0..)
+        .map(|i| format!("p{i}"))
+        .find(|id| shard_of(id, 6) == 0)
+        .unwrap();
+    let (release_tx, release) = crossbeam_channel::bounded::<()>(1);
+    let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
+    let handlers = {
+        let on_paused = on_paused.clone();
+        Handlers::new().on("job", move |t| {
+            if t.id == on_paused {
+                let _ = started_tx.send(());
+                let _ = release.recv();
+            }
+            Ok(())
+        })
+    };
+    let c = Consumer::start(split.cfg.clone(), handlers).unwrap();
+    wait_until("first claims", || c.stats().claims >= 6);
+    // A running consumer has acked on every node before: the first call of a script loads it
+    // on all of them (SCRIPT LOAD goes to every node), which would wait for the paused one.
+    let warm_up = (0..)
+        .map(|i| format!("w{i}"))
+        .find(|id| shard_of(id, 6) == split.other)
+        .unwrap();
+    enqueue_all(
+        &split.rt,
+        &split.p,
+        "job",
+        vec![(warm_up, now_ms()), (on_paused.clone(), now_ms())],
+    );
+    started.recv_timeout(Duration::from_secs(10)).unwrap();
+    wait_until("the warm-up's ack", || c.stats().acked == 1);
+    let paused_at = split.pause();
+    // Its handler returns now: its ack goes to the paused node and hangs there.
+    release_tx.send(()).unwrap();
+    enqueue_all(
+        &split.rt,
+        &split.p,
+        "job",
+        vec![(split.id.clone(), paused_at + 300)],
+    );
+    wait_until("the other shard's ack", || c.stats().acked >= 2);
+    let acked_ms = now_ms();
+    assert!(
+        acked_ms < paused_at + 2_500,
+        "acked {} ms after the pause began: behind the paused node's ack",
+        acked_ms.saturating_sub(paused_at)
+    );
+    assert_eq!(c.stats().acked, 2, "the paused node acked during its pause");
+    SplitCluster::wait_out(paused_at);
+    wait_until("the paused node's ack", || c.stats().acked == 3);
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 #[test]
 fn the_queue_spreads_over_a_redis_cluster() {
     let cluster = RedisCluster::start(3);

@@ -10,11 +10,12 @@
 //! * `held` maps each claimed, unfired task to its timer. Whoever removes an entry owns the
 //!   task's fate: the firing callback (runs the handler) or `shutdown` (hands it back).
 //! * Handlers run on the wheel's callback pool, never on the async runtime; their outcomes go
-//!   to the resolver task, which batches acks.
+//!   to the resolver task, which batches acks and writes each shard's calls as tasks of their
+//!   own, so a shard whose node hangs holds back no other shard's.
 //! * Delivery is at-least-once: a crash or an expired lease can fire a task twice. Handlers
 //!   are idempotent (see [`Dedup`](super::Dedup)).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -24,6 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 
 use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::{Envelope, MAX_DUE_MS};
@@ -953,16 +955,30 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
 }
 
 /// Writes the outcomes of fired tasks: acks in batches every `ack_interval` (or 256 at
-/// once), retries and dead-letterings as they come. On a Redis error the batch is kept and
-/// retried; the lease keeps the tasks safe meanwhile. `finish` (shutdown, once the handlers are
-/// done) drains what is left and returns.
+/// once), retries and dead-letterings as they come, and renews leases every `lease / 3`. On a
+/// Redis error an ack batch is kept and retried; the lease keeps the tasks safe meanwhile.
+/// `finish` (shutdown, once the handlers are done) drains what is left and returns.
+///
+/// Every write goes to one shard and runs as a task of its own, and this loop never waits on
+/// one: a shard whose node stops answering holds back its own acks and renewals (at most one
+/// call of each is out per shard), not the other shards', nor the handlers, which would block
+/// on the bounded outcome channel once this loop stopped reading it.
 async fn resolve(
     shared: Arc<Shared>,
     mut outcomes: mpsc::Receiver<Outcome>,
     mut finish: tokio::sync::oneshot::Receiver<()>,
 ) {
+    // Acks waiting for their shard's next call, and how many of them (of every shard).
     let mut acks: HashMap<u32, Vec<(String, Arc<str>)>> = HashMap::new();
-    let mut pending = 0usize;
+    let mut queued = 0usize;
+    // Shards with an ack call out, and with a renewal out.
+    let mut acking: HashSet<u32> = HashSet::new();
+    let mut renewing: HashSet<u32> = HashSet::new();
+    // Retries and dead-letterings being written.
+    let mut outcomes_out = 0usize;
+    let mut writes: JoinSet<Written> = JoinSet::new();
+    // What each write task is, for when one panics and returns no `Written`.
+    let mut jobs: HashMap<tokio::task::Id, Job> = HashMap::new();
     let mut finishing = false;
     let mut tick = tokio::time::interval(shared.cfg.ack_interval.max(Duration::from_millis(1)));
     let mut renew_tick =
@@ -973,11 +989,49 @@ async fn resolve(
         let mut flush_now = finishing;
         tokio::select! {
             Some(o) = outcomes.recv() => incoming.push(o),
+            Some(done) = writes.join_next_with_id(), if !writes.is_empty() => match done {
+                Ok((task, Written::Acks { shard, batch, results })) => {
+                    jobs.remove(&task);
+                    acking.remove(&shard);
+                    match results {
+                        Ok(results) => acked(&shared, shard, &batch, &results),
+                        Err(e) => {
+                            tracing::debug!(error = %e, shard, "ack failed; kept for the next round");
+                            queued += batch.len();
+                            acks.entry(shard).or_default().extend(batch);
+                        }
+                    }
+                }
+                Ok((task, Written::Renewal { shard })) => {
+                    jobs.remove(&task);
+                    renewing.remove(&shard);
+                }
+                Ok((task, Written::Outcome)) => {
+                    jobs.remove(&task);
+                    outcomes_out -= 1;
+                }
+                // A write task panicked (a bug in the client, say). What it was writing is
+                // lost here; those tasks' leases run out and they fire again elsewhere.
+                Err(e) => {
+                    tracing::error!(error = %e, "a queue write task failed");
+                    match jobs.remove(&e.id()) {
+                        Some(Job::Acks(shard)) => _ = acking.remove(&shard),
+                        Some(Job::Renewal(shard)) => _ = renewing.remove(&shard),
+                        Some(Job::Outcome) => outcomes_out -= 1,
+                        None => {}
+                    }
+                }
+            },
             _ = tick.tick() => flush_now = true,
             // Here, where outcomes are written, and until the last one is: a handler still
             // running at shutdown keeps its lease until it is done.
             _ = renew_tick.tick(), if shared.cfg.renew_leases => {
-                renew(&shared).await;
+                for (shard, tasks) in renewals(&shared) {
+                    if renewing.insert(shard) {
+                        let task = writes.spawn(renew(shared.clone(), shard, tasks));
+                        jobs.insert(task.id(), Job::Renewal(shard));
+                    }
+                }
                 continue;
             }
             _ = &mut finish, if !finishing => {
@@ -992,60 +1046,99 @@ async fn resolve(
             match o {
                 Outcome::Ack { shard, id, owner } => {
                     acks.entry(shard).or_default().push((id, owner));
-                    pending += 1;
+                    queued += 1;
                 }
-                other => write_outcome(&shared, other).await,
-            }
-        }
-        if pending == 0 || (pending < 256 && !flush_now) {
-            if finishing && pending == 0 {
-                return;
-            }
-            continue;
-        }
-        for (shard, batch) in &mut acks {
-            if batch.is_empty() {
-                continue;
-            }
-            let keys = &shared.shards[*shard as usize];
-            let mut inv = scripts::ACK.prepare_invoke();
-            inv.key(keys.lease())
-                .key(keys.owner())
-                .key(keys.tasks())
-                .key(keys.expired());
-            for (id, owner) in batch.iter() {
-                inv.arg(id.as_str()).arg(&**owner);
-            }
-            match shared.conn.run::<Vec<u8>>(&inv).await {
-                Ok(results) => {
-                    for ((id, owner), ok) in batch.iter().zip(&results) {
-                        settled(&shared, *shard, id, owner);
-                        if *ok == 1 {
-                            shared.counters.acked.fetch_add(1, Relaxed);
-                        } else {
-                            shared.counters.refused.fetch_add(1, Relaxed);
-                            metrics::counter!("delaywheel_queue_acks_refused_total").increment(1);
-                            tracing::warn!(%id, "ack refused: the lease was taken over");
-                        }
-                    }
-                    pending -= batch.len();
-                    batch.clear();
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "ack failed; kept for the next round");
-                    if finishing {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                other => {
+                    outcomes_out += 1;
+                    let task = writes.spawn(write_outcome(shared.clone(), other));
+                    jobs.insert(task.id(), Job::Outcome);
                 }
             }
         }
-        if finishing && pending == 0 {
+        if queued > 0 && (flush_now || queued >= 256) {
+            for (shard, batch) in &mut acks {
+                if batch.is_empty() || acking.contains(shard) {
+                    continue;
+                }
+                let batch = std::mem::take(batch);
+                queued -= batch.len();
+                acking.insert(*shard);
+                let task = writes.spawn(send_acks(shared.clone(), *shard, batch, finishing));
+                jobs.insert(task.id(), Job::Acks(*shard));
+            }
+        }
+        if finishing && queued == 0 && acking.is_empty() && outcomes_out == 0 {
+            // Renewals still out are dropped with `writes`: nothing is left to renew.
             return;
         }
     }
 }
 
-async fn write_outcome(shared: &Shared, o: Outcome) {
+/// A write the resolver started, done.
+enum Written {
+    /// An ack call: the batch, and Redis's answer per task (1: acked; 0: refused).
+    Acks {
+        shard: u32,
+        batch: Vec<(String, Arc<str>)>,
+        results: Result<Vec<u8>, redis::RedisError>,
+    },
+    Renewal {
+        shard: u32,
+    },
+    /// A retry or a dead-lettering, written or given up on.
+    Outcome,
+}
+
+/// What a write task of the resolver does.
+enum Job {
+    Acks(u32),
+    Renewal(u32),
+    Outcome,
+}
+
+/// One ack call for `shard`'s `batch`. A failure while `finishing` waits a little before it
+/// returns, so the resolver's retries do not spin.
+async fn send_acks(
+    shared: Arc<Shared>,
+    shard: u32,
+    batch: Vec<(String, Arc<str>)>,
+    finishing: bool,
+) -> Written {
+    let keys = &shared.shards[shard as usize];
+    let mut inv = scripts::ACK.prepare_invoke();
+    inv.key(keys.lease())
+        .key(keys.owner())
+        .key(keys.tasks())
+        .key(keys.expired());
+    for (id, owner) in &batch {
+        inv.arg(id.as_str()).arg(&**owner);
+    }
+    let results = shared.conn.run::<Vec<u8>>(&inv).await;
+    if results.is_err() && finishing {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Written::Acks {
+        shard,
+        batch,
+        results,
+    }
+}
+
+/// Counts an answered ack call: each task's lease is no longer renewed, acked or refused.
+fn acked(shared: &Shared, shard: u32, batch: &[(String, Arc<str>)], results: &[u8]) {
+    for ((id, owner), ok) in batch.iter().zip(results) {
+        settled(shared, shard, id, owner);
+        if *ok == 1 {
+            shared.counters.acked.fetch_add(1, Relaxed);
+        } else {
+            shared.counters.refused.fetch_add(1, Relaxed);
+            metrics::counter!("delaywheel_queue_acks_refused_total").increment(1);
+            tracing::warn!(%id, "ack refused: the lease was taken over");
+        }
+    }
+}
+
+async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Written {
     let (inv, id, ok_counter) = match &o {
         Outcome::Retry {
             shard,
@@ -1088,7 +1181,7 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
                 .arg(record.as_str());
             (inv, id, &shared.counters.dead_lettered)
         }
-        Outcome::Ack { .. } => return,
+        Outcome::Ack { .. } => return Written::Outcome,
     };
     // A few tries: these are rare, and the lease covers a failure (the task then fires again,
     // elsewhere: it is no longer renewed).
@@ -1116,8 +1209,9 @@ async fn write_outcome(shared: &Shared, o: Outcome) {
         shard, id, owner, ..
     } = &o
     {
-        settled(shared, *shard, id, owner);
+        settled(&shared, *shard, id, owner);
     }
+    Written::Outcome
 }
 
 /// The outcome of task `id` under `owner` is written (or given up on): its lease is no longer
@@ -1130,10 +1224,9 @@ fn settled(shared: &Shared, shard: u32, id: &str, owner: &Arc<str>) {
     }
 }
 
-/// Extends the leases of the tasks this consumer is working on: fired ones whose outcome is
-/// not written yet, and claimed ones already due (waiting for a handler thread). Their
-/// leases then run until a full `lease` from now.
-async fn renew(shared: &Shared) {
+/// The tasks whose leases are to be extended, by shard: fired ones whose outcome is not
+/// written yet, and claimed ones already due (waiting for a handler thread).
+fn renewals(shared: &Shared) -> HashMap<u32, Vec<(String, Arc<str>)>> {
     let now = now_ms();
     let mut tasks = Vec::new();
     // `held` first: a task that fires meanwhile moves from `held` to `working`, so it is seen
@@ -1153,25 +1246,29 @@ async fn renew(shared: &Shared) {
             .iter()
             .map(|((shard, id), owner)| (*shard, (id.clone(), owner.clone()))),
     );
+    by_shard(tasks)
+}
+
+/// Extends the leases of `tasks` on `shard` until a full `lease` from now.
+async fn renew(shared: Arc<Shared>, shard: u32, tasks: Vec<(String, Arc<str>)>) -> Written {
     let lease = u64::try_from(shared.cfg.lease.as_millis()).unwrap_or(u64::MAX);
-    for (shard, tasks) in by_shard(tasks) {
-        let keys = &shared.shards[shard as usize];
-        for chunk in tasks.chunks(PER_CALL) {
-            let mut inv = scripts::RENEW.prepare_invoke();
-            inv.key(keys.lease()).key(keys.owner()).arg(lease);
-            for (id, owner) in chunk {
-                inv.arg(id.as_str()).arg(&**owner);
+    let keys = &shared.shards[shard as usize];
+    for chunk in tasks.chunks(PER_CALL) {
+        let mut inv = scripts::RENEW.prepare_invoke();
+        inv.key(keys.lease()).key(keys.owner()).arg(lease);
+        for (id, owner) in chunk {
+            inv.arg(id.as_str()).arg(&**owner);
+        }
+        match shared.conn.run::<u64>(&inv).await {
+            Ok(n) => {
+                shared.counters.renewed.fetch_add(n, Relaxed);
+                metrics::counter!("delaywheel_queue_leases_renewed_total").increment(n);
             }
-            match shared.conn.run::<u64>(&inv).await {
-                Ok(n) => {
-                    shared.counters.renewed.fetch_add(n, Relaxed);
-                    metrics::counter!("delaywheel_queue_leases_renewed_total").increment(n);
-                }
-                // The next round tries again; until then the leases run as they were.
-                Err(e) => tracing::debug!(error = %e, "renewing leases failed"),
-            }
+            // The next round tries again; until then the leases run as they were.
+            Err(e) => tracing::debug!(error = %e, shard, "renewing leases failed"),
         }
     }
+    Written::Renewal { shard }
 }
 
 /// Tasks per script call when a consumer writes about many at once (hand-back, renewal).
