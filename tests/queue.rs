@@ -1157,6 +1157,79 @@ fn a_paused_node_delays_no_other_shards_acks() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A shard whose node stops answering delays no other shard's lease renewals: a task on
+/// another node whose handler runs past its lease keeps it, and runs once. (The resolver
+/// renewed the shards one after another, inline, so a renewal hung on the paused node held back
+/// every other shard's, and their leases ran out.)
+#[test]
+fn a_paused_node_delays_no_other_shards_renewals() {
+    let split = SplitCluster::start("renewals", |cfg| {
+        cfg.handler_threads = 3;
+        // Renewed every 400 ms.
+        cfg.lease = Duration::from_millis(1_200);
+        cfg.reaper_interval = Duration::from_millis(50);
+    });
+    let on_paused = (0..)
+        .map(|i| format!("p{i}"))
+        .find(|id| shard_of(id, 6) == 0)
+        .unwrap();
+    let warm_up = (0..)
+        .map(|i| format!("w{i}"))
+        .find(|id| shard_of(id, 6) == split.other)
+        .unwrap();
+    let runs: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let (release_tx, release) = crossbeam_channel::bounded::<()>(1);
+    let handlers = {
+        let (runs, on_paused, warm_up) = (runs.clone(), on_paused.clone(), warm_up.clone());
+        Handlers::new().on("job", move |t| {
+            *runs.lock().entry(t.id.clone()).or_default() += 1;
+            if t.id == on_paused {
+                let _ = release.recv_timeout(Duration::from_secs(30));
+            } else if t.id == warm_up {
+                // Across a renewal, so the script is loaded on every node before the pause.
+                std::thread::sleep(Duration::from_millis(600));
+            } else {
+                std::thread::sleep(Duration::from_millis(2_000)); // past its lease
+            }
+            Ok(())
+        })
+    };
+    let c = Consumer::start(split.cfg.clone(), handlers).unwrap();
+    wait_until("first claims", || c.stats().claims >= 6);
+    enqueue_all(
+        &split.rt,
+        &split.p,
+        "job",
+        vec![(warm_up, now_ms()), (on_paused.clone(), now_ms())],
+    );
+    wait_until("the warm-up's ack", || c.stats().acked == 1);
+    assert!(c.stats().renewed >= 1, "{:?}", c.stats());
+    // Shard 0's task is running: its renewals go to the paused node and hang there.
+    let paused_at = split.pause();
+    enqueue_all(
+        &split.rt,
+        &split.p,
+        "job",
+        vec![(split.id.clone(), paused_at + 100)],
+    );
+    wait_until("the other shard's task, done", || c.stats().acked >= 2);
+    assert!(
+        now_ms() < paused_at + 3_000,
+        "acked {} ms after the pause began",
+        now_ms() - paused_at
+    );
+    // A duplicate shows up within the handler's run after a lost lease was reaped.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        runs.lock().get(&split.id),
+        Some(&1),
+        "its lease ran out while its handler ran: renewals waited on the paused node"
+    );
+    SplitCluster::wait_out(paused_at);
+    release_tx.send(()).unwrap();
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 #[test]
 fn the_queue_spreads_over_a_redis_cluster() {
     let cluster = RedisCluster::start(3);

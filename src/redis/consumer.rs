@@ -15,7 +15,7 @@
 //! * Delivery is at-least-once: a crash or an expired lease can fire a task twice. Handlers
 //!   are idempotent (see [`Dedup`](super::Dedup)).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -141,6 +141,30 @@ enum Outcome {
     },
 }
 
+impl Outcome {
+    fn shard(&self) -> u32 {
+        match self {
+            Outcome::Ack { shard, .. }
+            | Outcome::Retry { shard, .. }
+            | Outcome::Dead { shard, .. } => *shard,
+        }
+    }
+
+    fn id(&self) -> &str {
+        match self {
+            Outcome::Ack { id, .. } | Outcome::Retry { id, .. } | Outcome::Dead { id, .. } => id,
+        }
+    }
+
+    fn owner(&self) -> &Arc<str> {
+        match self {
+            Outcome::Ack { owner, .. }
+            | Outcome::Retry { owner, .. }
+            | Outcome::Dead { owner, .. } => owner,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     claims: AtomicU64,
@@ -172,8 +196,8 @@ struct Shared {
     held: Mutex<HashMap<(u32, String), Held>>,
     /// Fired tasks whose outcome is not written yet, by owner: their leases are renewed.
     working: Mutex<HashMap<(u32, String), Arc<str>>>,
-    /// To the resolver; bounded, so handlers wait (rather than memory grow) while Redis is
-    /// slow to take their acks.
+    /// To the resolver; bounded, and the resolver holds at most [`OUTCOME_BOUND`] more, so
+    /// handlers wait (rather than memory grow) while Redis is slow to take their outcomes.
     outcomes: mpsc::Sender<Outcome>,
     /// One per shard in `claim_from`, for its claim loop.
     wakes: Vec<Wake>,
@@ -960,76 +984,63 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
 /// `finish` (shutdown, once the handlers are done) drains what is left and returns.
 ///
 /// Every write goes to one shard and runs as a task of its own, and this loop never waits on
-/// one: a shard whose node stops answering holds back its own acks and renewals (at most one
-/// call of each is out per shard), not the other shards', nor the handlers, which would block
-/// on the bounded outcome channel once this loop stopped reading it.
+/// one: a shard whose node stops answering holds back its own acks, outcomes and renewals (at
+/// most one ack call, one renewal and [`OUTCOME_WRITES`] outcome writes are out per shard),
+/// not the other shards', nor the handlers. Outcomes waiting or being written number at most
+/// [`OUTCOME_BOUND`]; past that this loop stops reading, and handlers wait on the channel.
 async fn resolve(
     shared: Arc<Shared>,
     mut outcomes: mpsc::Receiver<Outcome>,
     mut finish: tokio::sync::oneshot::Receiver<()>,
 ) {
-    // Acks waiting for their shard's next call, and how many of them (of every shard).
-    let mut acks: HashMap<u32, Vec<(String, Arc<str>)>> = HashMap::new();
-    let mut queued = 0usize;
-    // Shards with an ack call out, and with a renewal out.
-    let mut acking: HashSet<u32> = HashSet::new();
-    let mut renewing: HashSet<u32> = HashSet::new();
-    // Retries and dead-letterings being written.
-    let mut outcomes_out = 0usize;
-    let mut writes: JoinSet<Written> = JoinSet::new();
-    // What each write task is, for when one panics and returns no `Written`.
-    let mut jobs: HashMap<tokio::task::Id, Job> = HashMap::new();
+    let mut outboxes: HashMap<u32, Outbox> = HashMap::new();
+    // Outcomes received and not yet written (waiting, or in a call that is out).
+    let mut buffered = 0usize;
+    let mut writes = Writes::default();
     let mut finishing = false;
     let mut tick = tokio::time::interval(shared.cfg.ack_interval.max(Duration::from_millis(1)));
     let mut renew_tick =
         tokio::time::interval((shared.cfg.lease / 3).max(Duration::from_millis(1)));
     renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut incoming = Vec::new();
         let mut flush_now = finishing;
+        // The shard whose outbox changed, to send what it can.
+        let mut touched = None;
         tokio::select! {
-            Some(o) = outcomes.recv() => incoming.push(o),
-            Some(done) = writes.join_next_with_id(), if !writes.is_empty() => match done {
-                Ok((task, Written::Acks { shard, batch, results })) => {
-                    jobs.remove(&task);
-                    acking.remove(&shard);
-                    match results {
-                        Ok(results) => acked(&shared, shard, &batch, &results),
-                        Err(e) => {
-                            tracing::debug!(error = %e, shard, "ack failed; kept for the next round");
-                            queued += batch.len();
-                            acks.entry(shard).or_default().extend(batch);
-                        }
+            Some(o) = outcomes.recv(), if buffered < OUTCOME_BOUND => {
+                buffered += 1;
+                touched = Some(o.shard());
+                let outbox = outboxes.entry(o.shard()).or_default();
+                match o {
+                    Outcome::Ack { id, owner, .. } => outbox.acks.push((id, owner)),
+                    other => outbox.outcomes.push_back(other),
+                }
+            }
+            Some(done) = writes.set.join_next_with_id(), if !writes.set.is_empty() => {
+                let (task, done) = match done {
+                    Ok((task, done)) => (task, Some(done)),
+                    Err(e) => {
+                        tracing::error!(error = %e, "a queue write task failed");
+                        (e.id(), None)
                     }
+                };
+                if let Some(job) = writes.jobs.remove(&task) {
+                    touched = Some(job.shard());
+                    buffered -= finished(&shared, &mut outboxes, job, done);
                 }
-                Ok((task, Written::Renewal { shard })) => {
-                    jobs.remove(&task);
-                    renewing.remove(&shard);
-                }
-                Ok((task, Written::Outcome)) => {
-                    jobs.remove(&task);
-                    outcomes_out -= 1;
-                }
-                // A write task panicked (a bug in the client, say). What it was writing is
-                // lost here; those tasks' leases run out and they fire again elsewhere.
-                Err(e) => {
-                    tracing::error!(error = %e, "a queue write task failed");
-                    match jobs.remove(&e.id()) {
-                        Some(Job::Acks(shard)) => _ = acking.remove(&shard),
-                        Some(Job::Renewal(shard)) => _ = renewing.remove(&shard),
-                        Some(Job::Outcome) => outcomes_out -= 1,
-                        None => {}
-                    }
-                }
-            },
-            _ = tick.tick() => flush_now = true,
+            }
+            _ = tick.tick() => {
+                flush_now = true;
+                outboxes.retain(|_, o| !o.is_idle());
+            }
             // Here, where outcomes are written, and until the last one is: a handler still
             // running at shutdown keeps its lease until it is done.
             _ = renew_tick.tick(), if shared.cfg.renew_leases => {
                 for (shard, tasks) in renewals(&shared) {
-                    if renewing.insert(shard) {
-                        let task = writes.spawn(renew(shared.clone(), shard, tasks));
-                        jobs.insert(task.id(), Job::Renewal(shard));
+                    let outbox = outboxes.entry(shard).or_default();
+                    if !outbox.renewing {
+                        outbox.renewing = true;
+                        writes.spawn(renew(shared.clone(), shard, tasks), Job::Renewal { shard });
                     }
                 }
                 continue;
@@ -1037,91 +1048,195 @@ async fn resolve(
             _ = &mut finish, if !finishing => {
                 flush_now = true;
                 finishing = true;
-                while let Ok(o) = outcomes.try_recv() {
-                    incoming.push(o);
-                }
             }
         }
-        for o in incoming {
-            match o {
-                Outcome::Ack { shard, id, owner } => {
-                    acks.entry(shard).or_default().push((id, owner));
-                    queued += 1;
-                }
-                other => {
-                    outcomes_out += 1;
-                    let task = writes.spawn(write_outcome(shared.clone(), other));
-                    jobs.insert(task.id(), Job::Outcome);
-                }
+        if flush_now {
+            for (&shard, outbox) in &mut outboxes {
+                dispatch(&shared, &mut writes, shard, outbox, true);
+            }
+        } else if let Some(shard) = touched {
+            if let Some(outbox) = outboxes.get_mut(&shard) {
+                dispatch(&shared, &mut writes, shard, outbox, false);
             }
         }
-        if queued > 0 && (flush_now || queued >= 256) {
-            for (shard, batch) in &mut acks {
-                if batch.is_empty() || acking.contains(shard) {
-                    continue;
-                }
-                let batch = std::mem::take(batch);
-                queued -= batch.len();
-                acking.insert(*shard);
-                let task = writes.spawn(send_acks(shared.clone(), *shard, batch, finishing));
-                jobs.insert(task.id(), Job::Acks(*shard));
-            }
-        }
-        if finishing && queued == 0 && acking.is_empty() && outcomes_out == 0 {
+        if finishing && buffered == 0 && outcomes.is_empty() {
             // Renewals still out are dropped with `writes`: nothing is left to renew.
             return;
         }
     }
 }
 
-/// A write the resolver started, done.
-enum Written {
-    /// An ack call: the batch, and Redis's answer per task (1: acked; 0: refused).
+/// Starts the writes `outbox` has waiting, as far as its shard's limits allow: an ack call
+/// (once [`ACK_BATCH`] acks wait, or whatever waits if `flush`), and outcome writes.
+fn dispatch(
+    shared: &Arc<Shared>,
+    writes: &mut Writes,
+    shard: u32,
+    outbox: &mut Outbox,
+    flush: bool,
+) {
+    if !outbox.acking && !outbox.acks.is_empty() && (flush || outbox.acks.len() >= ACK_BATCH) {
+        let n = outbox.acks.len().min(PER_CALL);
+        let batch: Arc<Vec<_>> = Arc::new(outbox.acks.drain(..n).collect());
+        outbox.acking = true;
+        writes.spawn(
+            send_acks(shared.clone(), shard, batch.clone()),
+            Job::Acks { shard, batch },
+        );
+    }
+    while outbox.writing < OUTCOME_WRITES {
+        let Some(o) = outbox.outcomes.pop_front() else {
+            break;
+        };
+        outbox.writing += 1;
+        let job = Job::Outcome {
+            shard,
+            id: o.id().to_string(),
+            owner: o.owner().clone(),
+        };
+        writes.spawn(write_outcome(shared.clone(), o), job);
+    }
+}
+
+/// The resolver's write tasks, and what each one is: its end is booked through it, also when
+/// it panicked and returned nothing.
+#[derive(Default)]
+struct Writes {
+    set: JoinSet<Done>,
+    jobs: HashMap<tokio::task::Id, Job>,
+}
+
+impl Writes {
+    fn spawn(&mut self, task: impl std::future::Future<Output = Done> + Send + 'static, job: Job) {
+        let task = self.set.spawn(task);
+        self.jobs.insert(task.id(), job);
+    }
+}
+
+/// Acks a shard collects before it sends them without waiting for `ack_interval`.
+const ACK_BATCH: usize = 256;
+
+/// Retries and dead-letterings of one shard written at once, at most.
+const OUTCOME_WRITES: usize = 4;
+
+/// What the resolver holds for one shard.
+#[derive(Default)]
+struct Outbox {
+    /// Acks waiting for the shard's next ack call.
+    acks: Vec<(String, Arc<str>)>,
+    /// An ack call is out.
+    acking: bool,
+    /// Retries and dead-letterings waiting for their turn.
+    outcomes: VecDeque<Outcome>,
+    /// Retries and dead-letterings being written.
+    writing: usize,
+    /// A renewal is out.
+    renewing: bool,
+}
+
+impl Outbox {
+    fn is_idle(&self) -> bool {
+        self.acks.is_empty()
+            && !self.acking
+            && self.outcomes.is_empty()
+            && self.writing == 0
+            && !self.renewing
+    }
+}
+
+/// A write task of the resolver, and what it needs back if the task panics.
+enum Job {
+    /// An ack call: the batch is put back if the call fails.
     Acks {
         shard: u32,
-        batch: Vec<(String, Arc<str>)>,
-        results: Result<Vec<u8>, redis::RedisError>,
+        batch: Arc<Vec<(String, Arc<str>)>>,
     },
     Renewal {
         shard: u32,
     },
-    /// A retry or a dead-lettering, written or given up on.
-    Outcome,
+    /// A retry or dead-lettering: settled (its lease left to run out) if the task panics.
+    Outcome {
+        shard: u32,
+        id: String,
+        owner: Arc<str>,
+    },
 }
 
-/// What a write task of the resolver does.
-enum Job {
-    Acks(u32),
-    Renewal(u32),
-    Outcome,
+impl Job {
+    fn shard(&self) -> u32 {
+        match self {
+            Job::Acks { shard, .. } | Job::Renewal { shard } | Job::Outcome { shard, .. } => *shard,
+        }
+    }
 }
 
-/// One ack call for `shard`'s `batch`. A failure while `finishing` waits a little before it
-/// returns, so the resolver's retries do not spin.
-async fn send_acks(
-    shared: Arc<Shared>,
-    shard: u32,
-    batch: Vec<(String, Arc<str>)>,
-    finishing: bool,
-) -> Written {
+/// What a write task returns.
+enum Done {
+    /// Redis's answer to an ack call, per task (1: acked; 0: refused).
+    Acks(Result<Vec<u8>, redis::RedisError>),
+    /// A renewal or an outcome written (or given up on).
+    Other,
+}
+
+/// Books a write task's end (`done` is `None` if it panicked); returns how many outcomes it
+/// wrote, which are no longer buffered.
+fn finished(
+    shared: &Shared,
+    outboxes: &mut HashMap<u32, Outbox>,
+    job: Job,
+    done: Option<Done>,
+) -> usize {
+    match job {
+        Job::Acks { shard, batch } => {
+            let outbox = outboxes.entry(shard).or_default();
+            outbox.acking = false;
+            match done {
+                Some(Done::Acks(Ok(results))) => {
+                    acked(shared, shard, &batch, &results);
+                    batch.len()
+                }
+                failed => {
+                    if let Some(Done::Acks(Err(e))) = failed {
+                        tracing::debug!(error = %e, shard, "ack failed; kept for the next round");
+                    }
+                    // The task has ended, so this is the last reference.
+                    let batch = Arc::try_unwrap(batch).unwrap_or_else(|b| (*b).clone());
+                    outbox.acks.extend(batch);
+                    0
+                }
+            }
+        }
+        Job::Renewal { shard } => {
+            outboxes.entry(shard).or_default().renewing = false;
+            0
+        }
+        Job::Outcome { shard, id, owner } => {
+            outboxes.entry(shard).or_default().writing -= 1;
+            if done.is_none() {
+                settled(shared, shard, &id, &owner);
+            }
+            1
+        }
+    }
+}
+
+/// One ack call for `shard`'s `batch`. A failure waits a little before it returns, so that
+/// the resolver's retries of an error Redis answers at once do not spin.
+async fn send_acks(shared: Arc<Shared>, shard: u32, batch: Arc<Vec<(String, Arc<str>)>>) -> Done {
     let keys = &shared.shards[shard as usize];
     let mut inv = scripts::ACK.prepare_invoke();
     inv.key(keys.lease())
         .key(keys.owner())
         .key(keys.tasks())
         .key(keys.expired());
-    for (id, owner) in &batch {
+    for (id, owner) in batch.iter() {
         inv.arg(id.as_str()).arg(&**owner);
     }
     let results = shared.conn.run::<Vec<u8>>(&inv).await;
-    if results.is_err() && finishing {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if results.is_err() {
+        tokio::time::sleep(shared.cfg.ack_interval.max(Duration::from_millis(50))).await;
     }
-    Written::Acks {
-        shard,
-        batch,
-        results,
-    }
+    Done::Acks(results)
 }
 
 /// Counts an answered ack call: each task's lease is no longer renewed, acked or refused.
@@ -1138,7 +1253,7 @@ fn acked(shared: &Shared, shard: u32, batch: &[(String, Arc<str>)], results: &[u
     }
 }
 
-async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Written {
+async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
     let (inv, id, ok_counter) = match &o {
         Outcome::Retry {
             shard,
@@ -1181,7 +1296,7 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Written {
                 .arg(record.as_str());
             (inv, id, &shared.counters.dead_lettered)
         }
-        Outcome::Ack { .. } => return Written::Outcome,
+        Outcome::Ack { .. } => return Done::Other,
     };
     // A few tries: these are rare, and the lease covers a failure (the task then fires again,
     // elsewhere: it is no longer renewed).
@@ -1211,7 +1326,7 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Written {
     {
         settled(&shared, *shard, id, owner);
     }
-    Written::Outcome
+    Done::Other
 }
 
 /// The outcome of task `id` under `owner` is written (or given up on): its lease is no longer
@@ -1250,7 +1365,7 @@ fn renewals(shared: &Shared) -> HashMap<u32, Vec<(String, Arc<str>)>> {
 }
 
 /// Extends the leases of `tasks` on `shard` until a full `lease` from now.
-async fn renew(shared: Arc<Shared>, shard: u32, tasks: Vec<(String, Arc<str>)>) -> Written {
+async fn renew(shared: Arc<Shared>, shard: u32, tasks: Vec<(String, Arc<str>)>) -> Done {
     let lease = u64::try_from(shared.cfg.lease.as_millis()).unwrap_or(u64::MAX);
     let keys = &shared.shards[shard as usize];
     for chunk in tasks.chunks(PER_CALL) {
@@ -1268,7 +1383,7 @@ async fn renew(shared: Arc<Shared>, shard: u32, tasks: Vec<(String, Arc<str>)>) 
             Err(e) => tracing::debug!(error = %e, shard, "renewing leases failed"),
         }
     }
-    Written::Renewal { shard }
+    Done::Other
 }
 
 /// Tasks per script call when a consumer writes about many at once (hand-back, renewal).
