@@ -477,16 +477,21 @@ fn restore_does_not_load_a_task_whose_removal_a_round_took_meanwhile() {
     cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
     let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
     assert_eq!(p.restore(100).unwrap().loaded, 10);
+    // The flusher between rounds, as it stays until asked for one.
+    assert!(p.flush(PATIENCE));
     assert!(p.cancel("t9"));
     store.rows_paused.store(true, SeqCst);
-    store.paused.store(true, SeqCst);
     std::thread::scope(|s| {
         let restore = s.spawn(|| p.restore(5));
         // The second page, read with t9 still stored, is held back...
         wait_until("the second page to be read", || {
             store.rows_waiting.load(SeqCst) > 0
         });
+        assert!(store.ids().contains("t9"), "t9's removal was written early");
         // ...while a round takes t9's removal out of the journal and is stuck writing it.
+        // (Writes are held only from here: a restore waits for a round in progress before
+        // it reads, and would wait for one held from before it began.)
+        store.paused.store(true, SeqCst);
         assert!(!p.flush(Duration::from_millis(20)));
         wait_until("the removal's write to start", || {
             store.waiting.load(SeqCst) > 0

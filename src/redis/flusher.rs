@@ -25,16 +25,21 @@ pub(super) enum Change {
     /// replaces it first. A failed write comes back as this too, and then writes the newest
     /// version.
     Upsert(u64),
-    /// Remove the task (cancelled, or fired and acknowledged).
-    Remove,
+    /// Remove the task (cancelled, or fired and acknowledged). It carries the due time of the
+    /// version removed, as best known (0 when not), only to sort the round by.
+    Remove(u64),
 }
 
 impl Change {
-    /// The due time it writes; removals sort after every write.
-    fn due_at(&self) -> u64 {
+    /// Where the change sorts in a round: writes by due time, then removals by due time.
+    /// Redis removes ZSET members in due order three times as fast as in the order of a hash
+    /// map (1M ZREM + HDEL in batches of 1 000 through `redis-cli --pipe`: 1.29 and 1.58 s
+    /// sorted, 4.47 and 5.56 s shuffled): each removal walks the skiplist down to its member,
+    /// and in order the walks share their cache lines.
+    fn sort_key(&self) -> (bool, u64) {
         match self {
-            Change::Upsert(due_at) => *due_at,
-            Change::Remove => u64::MAX,
+            Change::Upsert(due_at) => (false, *due_at),
+            Change::Remove(due_at) => (true, *due_at),
         }
     }
 }
@@ -100,7 +105,7 @@ impl Journal {
     /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
     /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
     /// window, it costs no Redis command at all.
-    pub(super) fn remove(&mut self, id: TaskKey, persisted: bool) {
+    pub(super) fn remove(&mut self, id: TaskKey, persisted: bool, due_at: u64) {
         match self.ops.entry(id) {
             MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert(_)) => {
                 slot.remove();
@@ -110,18 +115,28 @@ impl Journal {
                     MapEntry::Occupied(slot) => slot.remove_entry().0,
                     MapEntry::Vacant(slot) => slot.into_key(),
                 };
-                self.record_removal(key.id());
+                self.record_removal(key.id(), due_at);
             }
         }
     }
 
-    /// Records the removal of `id`'s task, replacing any earlier change to it, under the id
-    /// alone ([`TaskKey::bare`]): a removal must not keep the task's envelope (a payload can be
+    /// Records the removal of `id`'s task (due at `due_at`, as best known: only the round's
+    /// order depends on it), replacing any earlier change to it, under the id alone
+    /// ([`TaskKey::bare`]): a removal must not keep the task's envelope (a payload can be
     /// 64 KiB) alive until it is flushed, which can be long while Redis is down.
-    pub(super) fn record_removal(&mut self, id: &str) {
+    pub(super) fn record_removal(&mut self, id: &str, due_at: u64) {
         self.ops.remove(id);
-        self.record(TaskKey::bare(id), Change::Remove);
+        self.record(TaskKey::bare(id), Change::Remove(due_at));
     }
+}
+
+/// A round's changes in the order they are written: by due time, so each batch touches one
+/// stretch of the ZSET (writes first, then removals). Redis takes sorted writes about a third
+/// faster, and sorted removals three times as fast. Sorted with no lock held.
+fn in_round_order(changes: Ids<Change>) -> Vec<(TaskKey, Change)> {
+    let mut changes: Vec<(TaskKey, Change)> = changes.into_iter().collect();
+    changes.sort_unstable_by_key(|(_, change)| change.sort_key());
+    changes
 }
 
 /// The store operations of a stretch of a round's changes. The index is read under the lock
@@ -139,7 +154,7 @@ fn resolve(inner: &Inner, changes: &[(TaskKey, Change)]) -> Vec<Op> {
                     entry.persisted = true;
                     Ok(entry.envelope.clone())
                 }),
-                Change::Remove => Some(Err(id)),
+                Change::Remove(_) => Some(Err(id)),
             })
             .collect()
     };
@@ -233,7 +248,7 @@ fn take_round(inner: &Inner, down: bool) -> Round {
         // The removals this round takes leave the journal before they reach the store: a
         // restore running now may read their rows meanwhile, and must not load them.
         for (id, change) in &ops {
-            if matches!(change, Change::Remove) {
+            if matches!(change, Change::Remove(_)) {
                 gone.insert(id.clone(), ());
             }
         }
@@ -347,10 +362,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         let (result, written) = match take_round(inner, probe) {
             Round::Journal(changes, oldest, all) => {
                 whole = all;
-                // In due order, so each batch touches one stretch of the ZSET (removals last):
-                // Redis takes a sorted stream about a third faster. Sorted with no lock held.
-                let mut changes: Vec<(TaskKey, Change)> = changes.into_iter().collect();
-                changes.sort_unstable_by_key(|(_, change)| change.due_at());
+                let changes = in_round_order(changes);
                 // Read from the index and encoded batch by batch, while the batches before
                 // are in flight.
                 let batch = inner.cfg.batch;
@@ -382,15 +394,16 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     // Changes made while this batch was out are newer: they win. Put back even
                     // when a snapshot is wanted: it may be held back (by a restore) for long,
                     // and must not be what these changes wait for.
-                    // Built and failed, or never built: (id, whether it wrote the task).
-                    let again =
-                        failed
-                            .iter()
-                            .map(|op| (op.id(), matches!(op, Op::Upsert { .. })))
-                            .chain(unsent.iter().map(|(id, change)| {
-                                (id.id(), matches!(change, Change::Upsert(_)))
-                            }));
-                    for (id, upsert) in again {
+                    // Built and failed, or never built: (id, whether it wrote the task, the
+                    // due time a removal sorts by).
+                    let again = failed
+                        .iter()
+                        .map(|op| (op.id(), matches!(op, Op::Upsert { .. }), 0))
+                        .chain(unsent.iter().map(|(id, change)| match change {
+                            Change::Upsert(due_at) => (id.id(), true, *due_at),
+                            Change::Remove(due_at) => (id.id(), false, *due_at),
+                        }));
+                    for (id, upsert, due_hint) in again {
                         // Redis may hold what a failed op left half done, or the version an op
                         // was to remove (a task scheduled again since did not see that removal
                         // in the journal): a cancel of the task now held must reach Redis,
@@ -410,7 +423,11 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                                 journal
                                     .record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
                             }
-                            _ => journal.record_removal(id),
+                            Some(entry) => {
+                                let due_at = entry.envelope.due_at;
+                                journal.record_removal(id, due_at);
+                            }
+                            None => journal.record_removal(id, due_hint),
                         }
                     }
                     journal.oldest = older(journal.oldest, oldest);
@@ -514,6 +531,36 @@ mod tests {
         async fn replace_all(&self, _: &[Op]) -> Result<(), StoreError> {
             Err(StoreError::new("down"))
         }
+    }
+
+    /// A round writes its upserts in due order, then its removals in due order.
+    #[test]
+    fn a_round_is_written_in_due_order_removals_last() {
+        let mut journal = Journal::default();
+        let dues = [40u64, 10, 30, 20, 50, 0];
+        for (i, due) in dues.iter().enumerate() {
+            let id = format!("t{i}");
+            if i % 2 == 0 {
+                journal.record(TaskKey::bare(&id), Change::Upsert(*due));
+            } else {
+                journal.record_removal(&id, *due);
+            }
+        }
+        let order: Vec<(bool, u64)> = in_round_order(std::mem::take(&mut journal.ops))
+            .iter()
+            .map(|(_, change)| change.sort_key())
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (false, 30),
+                (false, 40),
+                (false, 50),
+                (true, 0),
+                (true, 10),
+                (true, 20)
+            ]
+        );
     }
 
     /// A store that is down costs a round the batches already in flight and one more, not the

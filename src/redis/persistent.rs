@@ -571,7 +571,7 @@ impl<S: TaskStore> Persistent<S> {
         // what it replaces.
         let stored = matches!(
             journal.record(id.clone(), Change::Upsert(envelope.due_at)),
-            Some(Change::Remove)
+            Some(Change::Remove(_))
         );
         let entry = Entry {
             envelope,
@@ -675,7 +675,9 @@ impl<S: TaskStore> Persistent<S> {
         };
         self.timer.cancel(timer);
         state.mark_gone(&id);
-        state.journal.remove(id, entry.persisted);
+        state
+            .journal
+            .remove(id, entry.persisted, entry.envelope.due_at);
         true
     }
 
@@ -688,11 +690,11 @@ impl<S: TaskStore> Persistent<S> {
         {
             return false;
         }
-        let Some((id, _)) = state.index.remove_entry(id) else {
+        let Some((id, entry)) = state.index.remove_entry(id) else {
             return false;
         };
         state.mark_gone(&id);
-        state.journal.record_removal(id.id());
+        state.journal.record_removal(id.id(), entry.envelope.due_at);
         true
     }
 
@@ -808,7 +810,7 @@ impl<S: TaskStore> Persistent<S> {
                         // Cancelled or acknowledged since the restore began, before its row
                         // was read: no removal of this row is on its way (a task scheduled
                         // and cancelled meanwhile costs none), so the row would outlive it.
-                        state.journal.record_removal(&envelope.id);
+                        state.journal.record_removal(&envelope.id, envelope.due_at);
                     }
                     continue;
                 }
