@@ -43,6 +43,12 @@ struct MemStore {
     /// While n > 0, `apply`, `replace_all` and `dead_letter` panic (counting n down) before
     /// they return a future, as a broken store's client might.
     panics: Arc<AtomicUsize>,
+    /// `replace_all` fails while it is set (a snapshot the store refuses while it takes
+    /// writes: no memory for the scratch copy, say).
+    snapshots_fail: Arc<AtomicBool>,
+    /// `replace_all` waits while it is set, counting the calls that wait.
+    snapshot_paused: Arc<AtomicBool>,
+    snapshot_waiting: Arc<AtomicUsize>,
 }
 
 impl MemStore {
@@ -176,21 +182,34 @@ impl TaskStore for MemStore {
 
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.maybe_panic();
-        let result = self.check().map(|()| {
-            let mut rows = self.table.lock();
-            rows.clear();
-            for op in tasks {
-                if let Op::Upsert {
-                    id,
-                    due_at,
-                    envelope,
-                } = op
-                {
-                    rows.insert(id.clone(), (*due_at, envelope.clone()));
+        let (this, tasks) = (self.clone(), tasks.to_vec());
+        async move {
+            if this.snapshot_paused.load(SeqCst) {
+                this.snapshot_waiting.fetch_add(1, SeqCst);
+                let start = std::time::Instant::now();
+                while this.snapshot_paused.load(SeqCst) && start.elapsed() < HELD_AT_MOST {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-        });
-        async move { result }
+            if this.snapshots_fail.load(SeqCst) {
+                this.calls.fetch_add(1, SeqCst);
+                return Err(StoreError::new("no room for a snapshot"));
+            }
+            this.check().map(|()| {
+                let mut rows = this.table.lock();
+                rows.clear();
+                for op in tasks {
+                    if let Op::Upsert {
+                        id,
+                        due_at,
+                        envelope,
+                    } = op
+                    {
+                        rows.insert(id, (due_at, envelope));
+                    }
+                }
+            })
+        }
     }
 }
 
@@ -990,5 +1009,100 @@ fn a_failed_restore_after_a_complete_one_does_not_hold_snapshots_back() {
     store.rows_panic.store(true, SeqCst);
     assert!(p.restore(10).is_err());
     assert_eq!(p.snapshot(PATIENCE), Some(30));
+    p.shutdown();
+}
+
+/// A store that refuses snapshots but takes writes: the journal still reaches it, between
+/// snapshot attempts. (Every round was a snapshot while one was wanted, so one that kept
+/// failing stopped every write, and `flush` never returned true.)
+#[test]
+fn a_snapshot_that_keeps_failing_does_not_stop_the_journal() {
+    let store = MemStore::default();
+    let p = engine(&store);
+    store.snapshots_fail.store(true, SeqCst);
+    assert_eq!(p.snapshot(Duration::from_millis(50)), None);
+    let far = now_ms() + 3_600_000;
+    for i in 0..10 {
+        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    assert!(p.flush(PATIENCE), "the journal waited behind the snapshot");
+    assert_eq!(store.ids().len(), 10);
+    store.snapshots_fail.store(false, SeqCst);
+    assert_eq!(p.snapshot(PATIENCE), Some(10));
+    p.shutdown();
+}
+
+/// A task cancelled, then scheduled again while a snapshot that fails is out, then cancelled
+/// again: the stored version is still removed. (The failed snapshot put back the first
+/// removal only if nothing newer was journaled, and the new version did not know Redis held
+/// one, so its cancel removed nothing.)
+#[test]
+fn a_failed_snapshot_keeps_the_removal_of_a_version_scheduled_again_meanwhile() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    // Rounds only when asked for, and after a failure not for a second (the backoff's cap).
+    cfg.flush_interval = Duration::from_secs(3_600);
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    let far = now_ms() + 3_600_000;
+    p.schedule("x", "t", serde_json::json!(0), far).unwrap();
+    assert!(p.flush(PATIENCE));
+    assert!(store.ids().contains("x"));
+    assert!(p.cancel("x"));
+    store.snapshot_paused.store(true, SeqCst);
+    store.snapshots_fail.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let snapshot = s.spawn(|| p.snapshot(Duration::from_millis(100)));
+        wait_until("the snapshot to be out", || {
+            store.snapshot_waiting.load(SeqCst) > 0
+        });
+        p.schedule("x", "t", serde_json::json!(2), far).unwrap();
+        // The snapshot's removal of x, and x's new upsert.
+        assert_eq!(p.journal_depth(), 2);
+        store.snapshot_paused.store(false, SeqCst);
+        // Failed and put back, where x's upsert wins over its removal.
+        wait_until("the snapshot's put-back", || p.journal_depth() == 1);
+        // Before the journal round after it (a second away) writes x's new version.
+        assert!(p.cancel("x"));
+        assert_eq!(snapshot.join().unwrap(), None);
+    });
+    assert!(p.flush(PATIENCE));
+    assert!(
+        !store.ids().contains("x"),
+        "the cancelled task stays in the store"
+    );
+    p.shutdown();
+}
+
+/// `snapshot` returns once a snapshot taken after the call is written, not one that was
+/// already out: a task cancelled before the call is gone from the store when it returns.
+#[test]
+fn snapshot_waits_for_a_snapshot_taken_after_the_call() {
+    let store = MemStore::default();
+    let p = engine(&store);
+    let far = now_ms() + 3_600_000;
+    p.schedule("x", "t", serde_json::json!(0), far).unwrap();
+    p.schedule("y", "t", serde_json::json!(1), far).unwrap();
+    assert!(p.flush(PATIENCE));
+    store.snapshot_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        // Takes the index with x in it, and waits in the store.
+        let first = s.spawn(|| p.snapshot(PATIENCE));
+        wait_until("the first snapshot to be out", || {
+            store.snapshot_waiting.load(SeqCst) > 0
+        });
+        assert!(p.cancel("x"));
+        let second = s.spawn(|| p.snapshot(PATIENCE));
+        // The second caller is waiting before the first snapshot lands.
+        std::thread::sleep(Duration::from_millis(50));
+        store.snapshot_paused.store(false, SeqCst);
+        assert_eq!(second.join().unwrap(), Some(1));
+        assert_eq!(
+            store.ids(),
+            HashSet::from(["y".to_string()]),
+            "snapshot returned before a snapshot without x was written"
+        );
+        assert!(first.join().unwrap().is_some());
+    });
     p.shutdown();
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::envelope::Envelope;
-use super::persistent::{Ids, Inner, State, TaskKey};
+use super::persistent::{Entry, Ids, Inner, State, TaskKey};
 use super::store::{Op, StoreError};
 use super::task_store::{guarded, TaskStore};
 
@@ -54,6 +54,8 @@ pub(super) struct Journal {
     /// A snapshot was asked for: the next round writes the whole pending set instead of the
     /// journal (which it subsumes). Stays set until a snapshot succeeds.
     pub(super) snapshot_wanted: bool,
+    /// The round in progress is a snapshot: it read the index before any caller now waiting.
+    pub(super) snapshot_in_round: bool,
     /// Completed snapshots, and the size of the last one.
     pub(super) snapshots: u64,
     pub(super) snapshot_len: usize,
@@ -78,10 +80,15 @@ impl Journal {
         self.ops.len() + self.taken
     }
 
-    /// Puts back what a failed round took, unless a newer change to the id is journaled (it
-    /// wins).
-    fn put_back(&mut self, ops: Ids<Change>) {
+    /// Puts back what a failed snapshot took, unless a newer change to the id is journaled (it
+    /// wins). A task `index` holds under such an id is marked persisted: the store may still
+    /// hold a version the snapshot was to remove, and a newer change that wins over that
+    /// removal (a task scheduled again meanwhile) must not let a later cancel skip the store.
+    fn put_back(&mut self, ops: Ids<Change>, index: &mut Ids<Entry>) {
         for (id, change) in ops {
+            if let Some(entry) = index.get_mut(id.id()) {
+                entry.persisted = true;
+            }
             if let MapEntry::Vacant(slot) = self.ops.entry(id) {
                 slot.insert(change);
             }
@@ -196,8 +203,9 @@ enum Round {
 
 /// Takes the next round's work out of the journal (and, for a snapshot, the index). While the
 /// store is `down`, a round is a probe of one batch: a failure then puts back one batch under
-/// the lock, not the whole journal (a stall for every producer, once per retry).
-fn take_round(inner: &Inner, down: bool) -> Round {
+/// the lock, not the whole journal (a stall for every producer, once per retry). After a
+/// snapshot `failed`, a wanted snapshot waits a round: the journal goes first.
+fn take_round(inner: &Inner, down: bool, failed: bool) -> Round {
     let anchor = inner.cfg.clock.anchor();
     let mut state = inner.state.lock();
     state.anchor = anchor;
@@ -215,8 +223,9 @@ fn take_round(inner: &Inner, down: bool) -> Round {
     }
     // Not while a restore runs, nor after one failed until one completes: the snapshot would
     // write a partly loaded set over the rows not read yet.
-    if journal.snapshot_wanted && *restoring == 0 && !*restore_failed {
+    if journal.snapshot_wanted && *restoring == 0 && !*restore_failed && !failed {
         journal.snapshot_wanted = false;
+        journal.snapshot_in_round = true;
         let all = index
             .values_mut()
             .map(|entry| {
@@ -354,12 +363,15 @@ fn write_batches<S: TaskStore>(
 pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runtime) {
     let mut backoff = inner.cfg.flush_interval;
     let mut down_since: Option<Instant> = None;
+    // The last round was a snapshot that failed: the next one is a journal round.
+    let mut snapshot_failed = false;
     loop {
         let stopping = inner.stopping.load(SeqCst);
         // The final round takes everything, whatever the state of the store.
         let probe = down_since.is_some() && !stopping;
         let mut whole = true;
-        let (result, written) = match take_round(inner, probe) {
+        let round = take_round(inner, probe, std::mem::take(&mut snapshot_failed));
+        let (result, written) = match round {
             Round::Journal(changes, oldest, all) => {
                 whole = all;
                 let changes = in_round_order(changes);
@@ -431,6 +443,9 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         }
                     }
                     journal.oldest = older(journal.oldest, oldest);
+                    // What the round took is booked (written, or back in the journal): counted
+                    // once, not twice, until the round ends.
+                    journal.taken = 0;
                 }
                 (error.map_or(Ok(()), Err), None)
             }
@@ -440,11 +455,15 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     Ok(()) => (Ok(()), Some(ops.len())),
                     Err(e) => {
                         // The store is as it was: the changes the snapshot took are still to be
-                        // written, by it when it is tried again or by a journal round.
-                        let journal = &mut inner.state.lock().journal;
+                        // written, by the next round (a journal round: a store may refuse
+                        // snapshots and take writes) or by the snapshot tried again after it.
+                        let mut state = inner.state.lock();
+                        let State { index, journal, .. } = &mut *state;
                         journal.snapshot_wanted = true;
-                        journal.put_back(subsumed);
+                        journal.put_back(subsumed, index);
+                        journal.taken = 0;
                         journal.oldest = older(journal.oldest, oldest);
+                        snapshot_failed = true;
                         (Err(e), None)
                     }
                 }
@@ -454,6 +473,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             let mut state = inner.state.lock();
             let journal = &mut state.journal;
             journal.in_round = false;
+            journal.snapshot_in_round = false;
             journal.taken = 0;
             match result {
                 Ok(()) => {
@@ -484,7 +504,8 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             }
         }
         inner.flushed.notify_all();
-        if stopping {
+        // At the end, a snapshot that failed leaves one last try to the journal round.
+        if stopping && !snapshot_failed {
             break;
         }
         let mut state = inner.state.lock();

@@ -879,7 +879,13 @@ impl<S: TaskStore> Persistent<S> {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
         state.journal.snapshot_wanted = true;
-        let target = state.journal.snapshots + 1;
+        // A snapshot out now read the index before this call: the one after it is this one's.
+        let target = state.journal.snapshots
+            + if state.journal.snapshot_in_round {
+                2
+            } else {
+                1
+            };
         self.inner.kick(&mut state.journal);
         while state.journal.snapshots < target {
             if self.inner.stopping.load(SeqCst) || self.inner.wait_round(&mut state, deadline) {
