@@ -121,15 +121,19 @@ thread_local! {
 struct TurnMark;
 
 impl TurnMark {
+    // `try_with`: while a thread exits, its thread-locals are destroyed one by one, and an
+    // engine kept in another (or a future holding one) may run a turn or stop after `IN_TURN`
+    // is gone. A panic there would abort the process; no turn can be under way on a thread
+    // whose marker is gone, so "not in a turn" is the truth.
     fn enter(core: usize) -> TurnMark {
-        IN_TURN.with(|t| t.borrow_mut().push(core));
+        let _ = IN_TURN.try_with(|t| t.borrow_mut().push(core));
         TurnMark
     }
 }
 
 impl Drop for TurnMark {
     fn drop(&mut self) {
-        IN_TURN.with(|t| t.borrow_mut().pop());
+        let _ = IN_TURN.try_with(|t| t.borrow_mut().pop());
     }
 }
 
@@ -220,7 +224,10 @@ impl<T> Core<T> {
     /// Whether this thread is delivering a turn of this engine (so holds its `turn_buf`),
     /// innermost or not.
     fn in_turn(&self) -> bool {
-        IN_TURN.with(|t| t.borrow().contains(&self.addr()))
+        // Destroyed (the thread is exiting): see `TurnMark::enter`.
+        IN_TURN
+            .try_with(|t| t.borrow().contains(&self.addr()))
+            .unwrap_or(false)
     }
 
     /// Collects every due timer, delivers them with no shard lock held, and returns the

@@ -104,3 +104,39 @@ fn a_waker_that_drops_the_last_handle_on_the_driver_stops_the_engine() {
         "the task was woken and dropped"
     );
 }
+
+thread_local! {
+    static KEPT: std::cell::RefCell<Option<Timer<u32>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// An engine kept in a thread-local is dropped among the thread's other thread-locals when
+/// the thread exits, after the engine's own bookkeeping may already be gone: that drop shuts
+/// it down like any other. (It used to abort the process: a panic in a thread-local's
+/// destructor, reading the destroyed turn marker.)
+#[test]
+fn an_engine_in_a_thread_local_shuts_down_when_its_thread_exits() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (dropped_tx, dropped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (timer, rx) = Timer::builder()
+            .manual_driver()
+            .build_channel(None)
+            .unwrap();
+        timer.schedule(1u32, Duration::from_secs(3_600)).unwrap();
+        // Kept first, then the turn marker comes to life: destroyed in reverse order, the
+        // marker goes before the engine.
+        KEPT.with(|k| *k.borrow_mut() = Some(timer.clone()));
+        assert_eq!(timer.fire_due(), 0);
+        drop(timer);
+        // Disconnects once the engine (and with it the channel's sender) is gone.
+        std::thread::spawn(move || {
+            while rx.recv().is_ok() {}
+            let _ = dropped_tx.send(());
+        });
+    })
+    .join()
+    .expect("the thread exited cleanly");
+    dropped
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the engine was dropped with its thread");
+}

@@ -160,7 +160,10 @@ pub enum PersistError {
     Envelope(EnvelopeError, Box<Envelope>),
     /// The journal is full (Redis down or slow) and the policy is [`WhenFull::Error`].
     JournalFull(Box<Envelope>),
-    /// The engine has been shut down.
+    /// The engine has been shut down. The envelope comes back unscheduled, except from a
+    /// `WriteThrough` schedule that a shutdown interrupted while it waited for Redis: that
+    /// task was journaled, and the final round writes it if Redis answers by then, so it may
+    /// still fire after a restore (at-least-once: rescheduling it elsewhere can fire it twice).
     Shutdown(Box<Envelope>),
     /// `WriteThrough` only: Redis did not confirm the task within
     /// [`PersistConfig::write_through_timeout`] (it is down or slow). The task was *not*
