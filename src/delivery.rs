@@ -66,8 +66,9 @@ impl<T: Send + 'static> Sink<T> {
                             let id = exp.id;
                             // A panicking callback must not take the worker (and every later
                             // timer on it) down with it.
-                            if catch_unwind(AssertUnwindSafe(|| f(exp))).is_err() {
+                            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(exp))) {
                                 tracing::error!(?id, "timer callback panicked");
+                                forget_panic(payload);
                             }
                         }
                     })?,
@@ -147,7 +148,16 @@ impl<T> Sink<T> {
 /// Runs user code (a waker) on the driver thread: a panic in it is logged and contained, so it
 /// cannot end the driver and leave every other timer unfired.
 fn on_driver(what: &str, f: impl FnOnce()) {
-    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
         tracing::error!("{what} panicked on the driver thread; the driver carries on");
+        forget_panic(payload);
+    }
+}
+
+/// Drops a caught panic's payload, whose own `Drop` may panic too (a payload is any type): that
+/// second panic is contained here, and its payload leaked rather than dropped.
+fn forget_panic(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
     }
 }

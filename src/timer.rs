@@ -95,6 +95,15 @@ pub(crate) struct Core<T> {
 
 impl<T> Drop for Core<T> {
     fn drop(&mut self) {
+        // Left by a turn that a stop from within it let finish (see `Timer::shutdown`), with no
+        // later stop to hand them back.
+        let undelivered = self.undelivered.get_mut().len();
+        if undelivered > 0 {
+            tracing::warn!(
+                timers = undelivered,
+                "engine dropped with fired timers it could not deliver"
+            );
+        }
         // A stop from within a turn leaves the sink open: whoever drops the engine last closes
         // it, so that a stream ends (its task is woken) and pool workers finish.
         if let Some(sink) = self.sink.get_mut().take() {
@@ -609,10 +618,13 @@ impl<T> Timer<T> {
     /// Stops the driver, waits for callback workers to finish what they were given, and returns
     /// every timer not delivered: those still pending and any that fired but could not be handed
     /// over (a full queue at shutdown, or a dropped receiver). Later schedules fail with
-    /// [`ScheduleError::Shutdown`]; a second call returns an empty list. It may be called from
-    /// a callback; called from the driver thread itself (a waker run by a `Sleeper`'s or a
-    /// stream's delivery), it returns at once, and the turn in progress delivers the rest of
-    /// what it had collected.
+    /// [`ScheduleError::Shutdown`]; a second call returns an empty list, except after a call
+    /// made from within a turn (below), whose undelivered rest it returns. It may be called
+    /// from a callback: it then waits for the other workers, not for the rest of the calling
+    /// worker's queue, which runs after the callback returns. Called from the driver thread
+    /// itself (a waker run by a `Sleeper`'s or a stream's delivery), it returns at once, and
+    /// the turn in progress delivers the rest of what it had collected; what it cannot hand
+    /// over waits for the next call (or is dropped with the engine, with a warning).
     pub fn shutdown(&self) -> Vec<Pending<T>> {
         self.handle.stop()
     }

@@ -346,3 +346,28 @@ fn fire_due_racing_shutdown_loses_nothing() {
         assert_eq!(all, (0..n).collect::<Vec<_>>(), "round {round}");
     }
 }
+
+/// A callback that panics with a payload whose own drop panics too leaves its worker running:
+/// later timers on it are still delivered.
+#[test]
+fn a_callback_panic_whose_payload_panics_when_dropped_keeps_the_worker() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload's drop panicked");
+        }
+    }
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let timer = Timer::builder()
+        .build_callback(1, 16, move |e: delaywheel::Expiration<u32>| {
+            if e.value == 0 {
+                std::panic::panic_any(Bomb);
+            }
+            tx.send(e.value).unwrap();
+        })
+        .unwrap();
+    timer.schedule(0, Duration::ZERO).unwrap();
+    timer.schedule(1, Duration::from_millis(20)).unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(1));
+    assert!(timer.shutdown().is_empty());
+}
