@@ -148,6 +148,46 @@ fn bench_producers(c: &mut Criterion) {
                 })
             },
         );
+        // The same, while other timers fire every millisecond (10 due 1 ms after they are
+        // scheduled, by another thread), as in a gateway whose timeouts also expire: the
+        // driver then often finds the wheel empty, and every schedule wakes it.
+        group.bench_with_input(
+            BenchmarkId::new("delaywheel_while_firing", threads),
+            &threads,
+            |b, &t| {
+                b.iter_custom(|iters| {
+                    let (timer, rx) = Timer::builder().shards(2).build_channel(None).unwrap();
+                    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let ticker = {
+                        let (timer, stop) = (timer.clone(), stop.clone());
+                        std::thread::spawn(move || {
+                            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                for _ in 0..10 {
+                                    let _ = timer.schedule(0u64, Duration::from_millis(1));
+                                }
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                        })
+                    };
+                    let consumer = std::thread::spawn(move || while rx.recv().is_ok() {});
+                    let op: Arc<dyn Fn() + Send + Sync> = {
+                        let timer = timer.clone();
+                        Arc::new(move || {
+                            let id = timer.schedule(black_box(1u64), FAR).unwrap();
+                            black_box(timer.cancel(id));
+                        })
+                    };
+                    let took = (0..iters)
+                        .map(|_| run_threads(t, per_thread, op.clone()))
+                        .sum();
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    ticker.join().unwrap();
+                    drop((op, timer));
+                    consumer.join().unwrap();
+                    took
+                })
+            },
+        );
         group.bench_with_input(
             BenchmarkId::new("Mutex<BinaryHeap>", threads),
             &threads,

@@ -3,8 +3,8 @@
 //!
 //! The model mirrors the protocol step by step with loom's primitives: the driver publishes
 //! `next_wake = u64::MAX` before it scans the shard and the earliest deadline it found after, then
-//! parks; a producer inserts under the shard lock, then unparks the driver if its deadline is
-//! earlier than `next_wake`. Loom explores every interleaving; a lost wake-up leaves the driver
+//! parks; a producer inserts under the shard lock, then, if its deadline is earlier than
+//! `next_wake`, sets `woken` and unparks the driver, unless it finds `woken` already set. Loom explores every interleaving; a lost wake-up leaves the driver
 //! parked forever, which loom reports as a deadlock. The same model with the first store
 //! removed (the bug the rule prevents) must fail, which shows the check can fail: a stale
 //! `next_wake` from the previous turn hides the new timer from the producer.
@@ -51,8 +51,12 @@ fn model(publish_scanning: bool, producers: usize) {
                 let driver = driver.thread().clone();
                 thread::spawn(move || {
                     shard.lock().unwrap().push(EARLY);
-                    if EARLY < next_wake.load(SeqCst) {
-                        woken.store(true, SeqCst);
+                    // Only the producer that turns the flag on unparks; one that finds it on
+                    // does nothing.
+                    if EARLY < next_wake.load(SeqCst)
+                        && !woken.load(SeqCst)
+                        && !woken.swap(true, SeqCst)
+                    {
                         driver.unpark();
                     }
                 })
