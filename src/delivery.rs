@@ -156,7 +156,7 @@ fn on_driver(what: &str, f: impl FnOnce()) {
 
 /// Drops a caught panic's payload, whose own `Drop` may panic too (a payload is any type): that
 /// second panic is contained here, and its payload leaked rather than dropped.
-fn forget_panic(payload: Box<dyn std::any::Any + Send>) {
+pub(crate) fn forget_panic(payload: Box<dyn std::any::Any + Send>) {
     if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
         std::mem::forget(again);
     }

@@ -137,8 +137,10 @@ struct TurnMark;
 impl TurnMark {
     // `try_with`: while a thread exits, its thread-locals are destroyed one by one, and an
     // engine kept in another (or a future holding one) may run a turn or stop after `IN_TURN`
-    // is gone. A panic there would abort the process; no turn can be under way on a thread
-    // whose marker is gone, so "not in a turn" is the truth.
+    // is gone. A panic there would abort the process. Such a turn goes unmarked: one of its
+    // deliveries that called back into the same engine (`fire_due`, `shutdown`) would wait on
+    // the turn's own lock. Turns nested that way in a thread-local's destructor are not
+    // supported; dropping or stopping an engine there is.
     fn enter(core: usize) -> TurnMark {
         let _ = IN_TURN.try_with(|t| t.borrow_mut().push(core));
         TurnMark
@@ -208,6 +210,8 @@ impl<T> Core<T> {
         // timer seen: the driver's swap that clears it comes after that read, and the turn
         // after that swap locks this shard after the insert (or the swap would have happened
         // before the read, through the shard's lock, and the read would see it cleared).
+        // The wake-up then rests on the producer that set it, which unparks right after: a
+        // producer descheduled between the two delays every timer that relies on it.
         if self.woken.load(SeqCst) || self.woken.swap(true, SeqCst) {
             return;
         }

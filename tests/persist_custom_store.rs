@@ -43,6 +43,8 @@ struct MemStore {
     /// While n > 0, `apply`, `replace_all` and `dead_letter` panic (counting n down) before
     /// they return a future, as a broken store's client might.
     panics: Arc<AtomicUsize>,
+    /// Those panics carry a payload whose own drop panics.
+    panic_bombs: Arc<AtomicBool>,
     /// `replace_all` fails while it is set (a snapshot the store refuses while it takes
     /// writes: no memory for the scratch copy, say).
     snapshots_fail: Arc<AtomicBool>,
@@ -51,11 +53,23 @@ struct MemStore {
     snapshot_waiting: Arc<AtomicUsize>,
 }
 
+/// A panic payload whose drop panics.
+struct Bomb;
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("the panic payload's drop panicked");
+    }
+}
+
 impl MemStore {
     fn maybe_panic(&self) {
         let left = self.panics.load(SeqCst);
         if left > 0 {
             self.panics.store(left - 1, SeqCst);
+            if self.panic_bombs.load(SeqCst) {
+                std::panic::panic_any(Bomb);
+            }
             panic!("the store's client broke");
         }
     }
@@ -1018,18 +1032,28 @@ fn a_failed_restore_after_a_complete_one_does_not_hold_snapshots_back() {
 #[test]
 fn a_snapshot_that_keeps_failing_does_not_stop_the_journal() {
     let store = MemStore::default();
-    let p = engine(&store);
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    // More changes than a batch: the journal round after a failed snapshot is whole, not a
+    // probe of one batch (the store is not down).
+    // (A probe writes one batch per snapshot attempt: 500 of them, each after a backoff.)
+    cfg.batch = 2;
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
     store.snapshots_fail.store(true, SeqCst);
     assert_eq!(p.snapshot(Duration::from_millis(50)), None);
     let far = now_ms() + 3_600_000;
-    for i in 0..10 {
+    for i in 0..1_000 {
         p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
     }
-    assert!(p.flush(PATIENCE), "the journal waited behind the snapshot");
-    assert_eq!(store.ids().len(), 10);
+    // Two journal rounds, each after a failed snapshot and its backoff (20 ms): well within.
+    // (In probes of one batch it took 3 s for 400 changes here.)
+    assert!(
+        p.flush(Duration::from_secs(2)),
+        "the journal waited behind the snapshot"
+    );
+    assert_eq!(store.ids().len(), 1_000);
     store.snapshots_fail.store(false, SeqCst);
-    assert_eq!(p.snapshot(PATIENCE), Some(10));
+    assert_eq!(p.snapshot(PATIENCE), Some(1_000));
     p.shutdown();
 }
 
@@ -1104,5 +1128,58 @@ fn snapshot_waits_for_a_snapshot_taken_after_the_call() {
         );
         assert!(first.join().unwrap().is_some());
     });
+    p.shutdown();
+}
+
+/// `snapshot` called while a snapshot is out that then fails returns once a later one lands.
+#[test]
+fn snapshot_returns_when_a_later_snapshot_lands_after_the_one_out_fails() {
+    let store = MemStore::default();
+    let p = engine(&store);
+    p.schedule("x", "t", serde_json::json!(0), now_ms() + 3_600_000)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+    store.snapshot_paused.store(true, SeqCst);
+    store.snapshots_fail.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| p.snapshot(Duration::from_millis(50)));
+        wait_until("the first snapshot to be out", || {
+            store.snapshot_waiting.load(SeqCst) > 0
+        });
+        let second = s.spawn(|| p.snapshot(PATIENCE));
+        std::thread::sleep(Duration::from_millis(50));
+        let calls = store.calls.load(SeqCst);
+        store.snapshot_paused.store(false, SeqCst);
+        wait_until("the first snapshot to fail", || {
+            store.calls.load(SeqCst) > calls
+        });
+        store.snapshots_fail.store(false, SeqCst);
+        assert_eq!(
+            second.join().unwrap(),
+            Some(1),
+            "a later snapshot landed, and the caller kept waiting"
+        );
+        assert_eq!(first.join().unwrap(), None);
+    });
+    p.shutdown();
+}
+
+/// A snapshot whose store call panics with a payload that panics again when dropped is retried
+/// like any failed snapshot. (That second panic used to escape the guard and end the flusher
+/// thread: nothing was written again, and the journal only grew.)
+#[test]
+fn a_store_panic_whose_payload_panics_when_dropped_is_retried() {
+    let store = MemStore::default();
+    let p = engine(&store);
+    p.schedule("x", "t", serde_json::json!(0), now_ms() + 3_600_000)
+        .unwrap();
+    store.panic_bombs.store(true, SeqCst);
+    store.panics.store(1, SeqCst);
+    assert_eq!(p.snapshot(PATIENCE), Some(1));
+    assert_eq!(store.panics.load(SeqCst), 0, "the store call did not panic");
+    p.schedule("y", "t", serde_json::json!(1), now_ms() + 3_600_000)
+        .unwrap();
+    assert!(p.flush(PATIENCE), "the flusher is gone");
+    assert_eq!(store.ids().len(), 2);
     p.shutdown();
 }

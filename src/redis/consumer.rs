@@ -584,8 +584,13 @@ fn fire(shared: &Shared, c: Claimed) {
     shared.counters.fired.fetch_add(1, Relaxed);
     metrics::counter!("delaywheel_queue_fired_total").increment(1);
     let result = match shared.handlers.map.get(c.envelope.topic.as_ref()) {
-        Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h(&c.envelope)))
-            .unwrap_or_else(|_| Err("handler panicked".into())),
+        Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h(&c.envelope))).unwrap_or_else(
+            |payload| {
+                // Its drop may panic too; out of this thread, the task's outcome would be lost.
+                crate::delivery::forget_panic(payload);
+                Err("handler panicked".into())
+            },
+        ),
         None => Err(format!("unknown topic: {}", c.envelope.topic).into()),
     };
     let Claimed {

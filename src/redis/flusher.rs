@@ -54,8 +54,11 @@ pub(super) struct Journal {
     /// A snapshot was asked for: the next round writes the whole pending set instead of the
     /// journal (which it subsumes). Stays set until a snapshot succeeds.
     pub(super) snapshot_wanted: bool,
-    /// The round in progress is a snapshot: it read the index before any caller now waiting.
-    pub(super) snapshot_in_round: bool,
+    /// Snapshot rounds taken so far, and the number of the last one that succeeded: a caller
+    /// of `snapshot` waits for one taken after its call (a snapshot out then read the index
+    /// before it, and may fail too).
+    pub(super) snapshot_rounds: u64,
+    pub(super) snapshot_ok: u64,
     /// Completed snapshots, and the size of the last one.
     pub(super) snapshots: u64,
     pub(super) snapshot_len: usize,
@@ -197,8 +200,9 @@ enum Round {
     /// WriteThrough take two flushed rounds to mean "everything before the call is written".
     Journal(Ids<Change>, Option<Instant>, bool),
     /// The whole pending set (a snapshot), which subsumes the journal: the changes it took,
-    /// put back if the snapshot fails, and when the oldest of them was made.
-    Snapshot(Vec<Arc<Envelope>>, Ids<Change>, Option<Instant>),
+    /// put back if the snapshot fails, when the oldest of them was made, and the snapshot
+    /// round's number.
+    Snapshot(Vec<Arc<Envelope>>, Ids<Change>, Option<Instant>, u64),
 }
 
 /// Takes the next round's work out of the journal (and, for a snapshot, the index). While the
@@ -225,7 +229,7 @@ fn take_round(inner: &Inner, down: bool, failed: bool) -> Round {
     // write a partly loaded set over the rows not read yet.
     if journal.snapshot_wanted && *restoring == 0 && !*restore_failed && !failed {
         journal.snapshot_wanted = false;
-        journal.snapshot_in_round = true;
+        journal.snapshot_rounds += 1;
         let all = index
             .values_mut()
             .map(|entry| {
@@ -235,7 +239,12 @@ fn take_round(inner: &Inner, down: bool, failed: bool) -> Round {
             .collect();
         journal.in_round = true;
         journal.taken = journal.ops.len();
-        return Round::Snapshot(all, std::mem::take(&mut journal.ops), journal.oldest.take());
+        return Round::Snapshot(
+            all,
+            std::mem::take(&mut journal.ops),
+            journal.oldest.take(),
+            journal.snapshot_rounds,
+        );
     }
     let (ops, oldest, whole) = if down && journal.ops.len() > inner.cfg.batch {
         // A probe: one batch, O(batch) here; the rest waits in the journal, oldest included.
@@ -363,14 +372,18 @@ fn write_batches<S: TaskStore>(
 pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::runtime::Runtime) {
     let mut backoff = inner.cfg.flush_interval;
     let mut down_since: Option<Instant> = None;
-    // The last round was a snapshot that failed: the next one is a journal round.
+    // The last journal round failed: the next is a probe of one batch.
+    let mut journal_down = false;
+    // The last round was a snapshot that failed: the next one is a journal round, whole
+    // unless journal writes fail too (a store may refuse snapshots and take writes).
     let mut snapshot_failed = false;
     loop {
         let stopping = inner.stopping.load(SeqCst);
         // The final round takes everything, whatever the state of the store.
-        let probe = down_since.is_some() && !stopping;
+        let probe = journal_down && !stopping;
         let mut whole = true;
         let round = take_round(inner, probe, std::mem::take(&mut snapshot_failed));
+        let mut snapshot_round = None;
         let (result, written) = match round {
             Round::Journal(changes, oldest, all) => {
                 whole = all;
@@ -447,9 +460,11 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     // once, not twice, until the round ends.
                     journal.taken = 0;
                 }
+                journal_down = error.is_some();
                 (error.map_or(Ok(()), Err), None)
             }
-            Round::Snapshot(envelopes, subsumed, oldest) => {
+            Round::Snapshot(envelopes, subsumed, oldest, number) => {
+                snapshot_round = Some(number);
                 let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
                 match rt.block_on(guarded("snapshot", async { store.replace_all(&ops).await })) {
                     Ok(()) => (Ok(()), Some(ops.len())),
@@ -473,7 +488,6 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             let mut state = inner.state.lock();
             let journal = &mut state.journal;
             journal.in_round = false;
-            journal.snapshot_in_round = false;
             journal.taken = 0;
             match result {
                 Ok(()) => {
@@ -485,6 +499,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     }
                     if let Some(n) = written {
                         journal.snapshots += 1;
+                        journal.snapshot_ok = snapshot_round.unwrap_or(journal.snapshot_ok);
                         journal.snapshot_len = n;
                         tracing::info!(tasks = n, "snapshot written");
                     }

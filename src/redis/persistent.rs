@@ -882,18 +882,13 @@ impl<S: TaskStore> Persistent<S> {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
         state.journal.snapshot_wanted = true;
-        // A snapshot out now read the index before this call: the one after it is this one's.
-        let target = state.journal.snapshots
-            + if state.journal.snapshot_in_round {
-                2
-            } else {
-                1
-            };
+        // One taken after this call: a snapshot out now read the index before it.
+        let after = state.journal.snapshot_rounds;
         self.inner.kick(&mut state.journal);
-        while state.journal.snapshots < target {
+        while state.journal.snapshot_ok <= after {
             if self.inner.stopping.load(SeqCst) || self.inner.wait_round(&mut state, deadline) {
                 let journal = &state.journal;
-                return (journal.snapshots >= target).then_some(journal.snapshot_len);
+                return (journal.snapshot_ok > after).then_some(journal.snapshot_len);
             }
         }
         Some(state.journal.snapshot_len)

@@ -62,6 +62,7 @@ pub(super) async fn guarded<T>(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a non-string panic".into());
             tracing::error!(call = what, panic = %message, "a store call panicked");
+            crate::delivery::forget_panic(panic);
             Err(StoreError::new(format!("store {what} panicked: {message}")))
         }
     }
