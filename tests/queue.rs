@@ -203,10 +203,111 @@ fn a_task_that_crashes_its_consumers_is_dead_lettered_after_max_lease_expiries()
         "{}",
         dead[0].reason
     );
+    // Deliveries tried: the two that never came back.
+    assert_eq!(dead[0].attempt, 2);
     std::thread::sleep(Duration::from_millis(500));
     assert!(fired.lock().is_empty(), "C ran the poison task");
     assert_eq!(c.stats().recovered, 0);
     drop(release);
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// The reaper loses no task whose stored state is broken: an envelope whose attempt count is
+/// not a finite number (dead-lettered, though its record cannot carry that count) and an expiry
+/// count that is not a number (requeued as its first expiry). (The script deleted first and
+/// wrote the dead record last; Redis keeps what a failing script wrote, so both tasks were
+/// left in no key at all.)
+#[test]
+fn the_reaper_loses_no_task_whose_stored_state_is_broken() {
+    let Fixture { server, rt, cfg, p } = fixture("reapbroken", |cfg| {
+        cfg.reaper_interval = Duration::from_millis(50);
+        cfg.max_lease_expiries = 2;
+    });
+    let keys = delaywheel::redis::KeyLayout::new("reapbroken").unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let envelope = |id: &str, attempt: &str| {
+        format!(
+            r#"{{"id":"{id}","topic":"job","payload":null,"attempt":{attempt},"created_at":0,"due_at":0}}"#
+        )
+    };
+    // Leased by a consumer that crashed long ago: "inf" on its second expiry, "garbled" with
+    // an expiry count that is not a number.
+    for (id, attempt, expired) in [("inf", "1e999", "1"), ("garbled", "0", "x")] {
+        redis::pipe()
+            .zadd(keys.lease(), id, 0)
+            .ignore()
+            .hset(keys.owner(), id, "a crashed consumer")
+            .ignore()
+            .hset(keys.tasks(), id, envelope(id, attempt))
+            .ignore()
+            .hset(keys.expired(), id, expired)
+            .ignore()
+            .query::<()>(&mut conn)
+            .unwrap();
+    }
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();
+    wait_until("the broken tasks reaped", || {
+        c.stats().dead_lettered == 1 && fired.lock().contains_key("garbled")
+    });
+    let dead = rt.block_on(p.dead_letters(10)).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, "inf");
+    assert!(dead[0].reason.starts_with("lease expired 2 times"));
+    assert_eq!(dead[0].attempt, 2);
+    assert!(dead[0].raw.contains("1e999"), "{}", dead[0].raw);
+    wait_until("garbled's ack", || c.stats().acked == 1);
+    assert!(server.zset_members(keys.lease()).is_empty());
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// One reaper round returns all of a crashed consumer's expired leases, not one script call's
+/// batch (1 000) per `reaper_interval`.
+#[test]
+fn a_reaper_round_returns_every_expired_lease() {
+    let Fixture {
+        server,
+        rt: _rt,
+        cfg,
+        p: _p,
+    } = fixture("reapall", |cfg| {
+        cfg.reaper_interval = Duration::from_secs(3);
+    });
+    let keys = delaywheel::redis::KeyLayout::new("reapall").unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let n = 2_500;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let id = format!("t{i}");
+        let envelope = format!(
+            r#"{{"id":"{id}","topic":"job","payload":null,"attempt":0,"created_at":0,"due_at":0}}"#
+        );
+        pipe.zadd(keys.lease(), &id, 0)
+            .ignore()
+            .hset(keys.owner(), &id, "a crashed consumer")
+            .ignore()
+            .hset(keys.tasks(), &id, envelope)
+            .ignore();
+    }
+    pipe.query::<()>(&mut conn).unwrap();
+    let fired: Fired = Arc::default();
+    let start = Instant::now();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();
+    // The first round comes within one interval (the rounds start spread over it); three
+    // rounds of 1 000 would take two intervals more.
+    wait_until("every lease returned", || c.stats().recovered == n);
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "returned after {:?}",
+        start.elapsed()
+    );
+    wait_until("every task fired", || fired.lock().len() == n as usize);
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 

@@ -943,29 +943,41 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
             .key(keys.tasks())
             .key(keys.dead())
             .key(keys.expired())
-            .arg(1_000)
+            .arg(REAP_BATCH)
             .arg(shared.cfg.channel())
             .arg(shared.cfg.max_lease_expiries)
             .arg(shared.cfg.wake_suffix(shard));
-        match shared.conn.run::<(u64, u64)>(&inv).await {
-            Ok((0, 0)) => {}
-            Ok((n, dead)) => {
-                if n > 0 {
-                    tracing::info!(shard, recovered = n, "expired leases returned to the queue");
-                    shared.counters.recovered.fetch_add(n, Relaxed);
-                    metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
+        // Full batches are followed by another at once (a crashed consumer may have held
+        // 100k tasks), a bounded number per round so that one round does not run forever.
+        let (mut n, mut dead) = (0, 0);
+        for _ in 0..REAP_CALLS_PER_ROUND {
+            match shared.conn.run::<(u64, u64)>(&inv).await {
+                Ok((requeued, died)) => {
+                    n += requeued;
+                    dead += died;
+                    if requeued + died < REAP_BATCH {
+                        break;
+                    }
                 }
-                if dead > 0 {
-                    tracing::warn!(
-                        shard,
-                        dead,
-                        max = shared.cfg.max_lease_expiries,
-                        "tasks whose lease ran out too often were dead-lettered"
-                    );
-                    shared.counters.dead_lettered.fetch_add(dead, Relaxed);
+                Err(e) => {
+                    tracing::debug!(error = %e, "reaper: redis unavailable");
+                    break;
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "reaper: redis unavailable"),
+        }
+        if n > 0 {
+            tracing::info!(shard, recovered = n, "expired leases returned to the queue");
+            shared.counters.recovered.fetch_add(n, Relaxed);
+            metrics::counter!("delaywheel_queue_lease_recovered_total").increment(n);
+        }
+        if dead > 0 {
+            tracing::warn!(
+                shard,
+                dead,
+                max = shared.cfg.max_lease_expiries,
+                "tasks whose lease ran out too often were dead-lettered"
+            );
+            shared.counters.dead_lettered.fetch_add(dead, Relaxed);
         }
         let fired = shared.counters.fired.load(Relaxed);
         if fired > 0 {
@@ -1390,6 +1402,10 @@ async fn renew(shared: Arc<Shared>, shard: u32, tasks: Vec<(String, Arc<str>)>) 
     }
     Done::Other
 }
+
+/// Expired leases a reaper's script call returns, at most, and calls per reaper round.
+const REAP_BATCH: u64 = 1_000;
+const REAP_CALLS_PER_ROUND: usize = 100;
 
 /// Tasks per script call when a consumer writes about many at once (hand-back, renewal).
 const PER_CALL: usize = 500;

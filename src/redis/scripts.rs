@@ -203,10 +203,11 @@ pub(crate) static REAP: LazyLock<Script> = LazyLock::new(|| {
         r"
 {REDIS_NOW}local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local max, requeued, dead = tonumber(ARGV[3]), 0, 0
+-- A script that fails part way keeps what it wrote: for each id, whatever can fail (a count or
+-- a record that does not encode) comes before the first delete, and the task's new place is
+-- written before its old one is cleared. An error then leaves the task leased, whole.
 for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-  local n = redis.call('HINCRBY', KEYS[6], id, 1)
+  local n = (tonumber(redis.call('HGET', KEYS[6], id)) or 0) + 1
   if max > 0 and n >= max then
     local raw = redis.call('HGET', KEYS[4], id) or ''
     local ok, envelope = pcall(cjson.decode, raw)
@@ -214,14 +215,26 @@ for _, id in ipairs(ids) do
     if ok and type(envelope) == 'table' and type(envelope.attempt) == 'number' then
       attempt = envelope.attempt
     end
+    -- cjson reads 1e999 as inf, and NaN, and encodes neither.
+    if attempt ~= attempt or attempt == math.huge or attempt == -math.huge then attempt = 0 end
+    local reason = 'lease expired ' .. n .. ' times: its consumer crashed or stalled each time'
+    -- Deliveries tried: the failed ones the envelope counts, and the n that never returned.
+    local encoded, record = pcall(cjson.encode, {{
+      reason = reason, raw = raw, at = now, attempt = attempt + n}})
+    if not encoded then
+      record = cjson.encode({{reason = reason, raw = '', at = now, attempt = n}})
+    end
+    redis.call('HSET', KEYS[5], id, record)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[6], id)
-    redis.call('HSET', KEYS[5], id, cjson.encode({{
-      reason = 'lease expired ' .. n .. ' times: its consumer crashed or stalled each time',
-      raw = raw, at = now, attempt = attempt}}))
     dead = dead + 1
   else
     redis.call('ZADD', KEYS[3], now, id)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('HSET', KEYS[6], id, n)
     requeued = requeued + 1
   end
 end
