@@ -554,6 +554,29 @@ fn an_attempt_count_at_its_maximum_is_dead_lettered() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A namespace ending in `:` and digits is refused: it names a shard of a sharded queue, whose
+/// keys it would share (`a:1` and shard 1 of `a`).
+#[test]
+fn a_namespace_that_names_another_queues_shard_is_refused() {
+    let server = RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for ns in ["orders:1", "a:b:007"] {
+        let cfg = QueueConfig::new(server.url(), ns);
+        match rt.block_on(Producer::connect(cfg.clone())) {
+            Err(QueueError::Namespace(e)) => assert_eq!(e.0, ns),
+            other => panic!("{ns}: the producer got {:?}", other.map(|_| ())),
+        }
+        match Consumer::start(cfg, Handlers::new()) {
+            Err(QueueError::Namespace(e)) => assert_eq!(e.0, ns),
+            other => panic!("{ns}: the consumer got {:?}", other.map(|_| ())),
+        }
+    }
+    for ns in ["orders", "orders:v2", "orders:"] {
+        let cfg = QueueConfig::new(server.url(), ns);
+        assert!(rt.block_on(Producer::connect(cfg)).is_ok(), "{ns} refused");
+    }
+}
+
 /// An enqueue that Redis does not take hands the envelope back, payload and all.
 #[test]
 fn an_enqueue_redis_fails_hands_the_envelope_back() {

@@ -23,7 +23,8 @@ impl fmt::Display for NamespaceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "namespace {:?} must be non-empty and contain no '{{' or '}}'",
+            "namespace {:?} must be non-empty and contain no '{{' or '}}' (and a queue's must \
+             not end in ':' and digits, the names of a sharded queue's shards)",
             self.0
         )
     }

@@ -84,7 +84,9 @@ pub struct QueueConfig {
     /// are subscribed on one of these nodes (classic pub/sub reaches the whole cluster).
     pub cluster_nodes: Vec<String>,
     /// The queue's name; its keys are `{ns}:due`, `{ns}:tasks`, ... (one shard) or
-    /// `{ns:i}:...` (several).
+    /// `{ns:i}:...` (several). Refused ([`QueueError::Namespace`]) if empty, with a brace, or
+    /// ending in `:` and digits: those are a sharded queue's shard names, so `a:1` would share
+    /// keys with shard 1 of a queue `a`.
     pub namespace: String,
     /// Shards of the logical queue (default 1, at most 16 384, the slots of a Redis Cluster; outside that,
     /// `QueueError::Config`). Producers and consumers must agree.
@@ -172,6 +174,13 @@ impl QueueConfig {
 
     /// Checks the settings; the error names the first bad one.
     pub(crate) fn check(&self) -> Result<Vec<KeyLayout>, QueueError> {
+        if let Some((_, suffix)) = self.namespace.rsplit_once(':') {
+            if !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(QueueError::Namespace(NamespaceError(
+                    self.namespace.clone(),
+                )));
+            }
+        }
         if self.shards == 0 || self.shards > MAX_QUEUE_SHARDS {
             return Err(QueueError::Config("shards must be in 1..=16384"));
         }
