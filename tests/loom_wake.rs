@@ -30,14 +30,14 @@ enum Driver {
     IgnoresWoken,
 }
 
-/// `producers` each insert a timer due at `EARLY` while the driver turns; with
-/// `blocked_delivery`, the driver's first turn also blocks on a full channel the way crossbeam
-/// does, parking until a consumer makes room, which swallows any unpark token a producer gave
-/// meanwhile. The driver returns once it has seen a timer due at `EARLY` (it then wakes at
-/// `EARLY`, and a timer due then is not earlier: a producer need not wake it for one); a lost
-/// wake-up leaves it parked forever, which loom reports as a deadlock. (With two producers,
-/// the second may find the flag already set and do nothing; that it then goes unseen cannot
-/// show here, as the driver is done once it sees either timer.)
+/// `producers` each insert a timer while the driver turns, the last one the earliest
+/// (`EARLY`; the others 2 ticks apart after it, all before `LATE`); with `blocked_delivery`,
+/// the driver's first turn also blocks on a full channel the way crossbeam does, parking until
+/// a consumer makes room, which swallows any unpark token a producer gave meanwhile. The
+/// driver returns once it has seen the timer due at `EARLY`; a lost wake-up leaves it parked
+/// forever (having published a later timer, or `LATE`), which loom reports as a deadlock. With
+/// two producers, the one with the earlier timer may find the flag already set by the other
+/// and do nothing: the driver must still see its timer.
 fn model(driver_kind: Driver, producers: usize, blocked_delivery: bool) {
     let mut builder = loom::model::Builder::new();
     // Bounded preemptions keep the larger models to seconds; the lost wake-ups these guard
@@ -86,10 +86,10 @@ fn model(driver_kind: Driver, producers: usize, blocked_delivery: bool) {
         };
 
         let mut handles: Vec<_> = (0..producers)
-            .map(|_| {
+            .map(|i| {
                 let (shard, next_wake, woken) = (shard.clone(), next_wake.clone(), woken.clone());
                 let driver = driver.thread().clone();
-                let due = EARLY;
+                let due = EARLY + 2 * (producers - 1 - i) as u64;
                 thread::spawn(move || {
                     shard.lock().unwrap().push(due);
                     // Only the producer that turns the flag on unparks; one that finds it on
