@@ -755,6 +755,7 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
         .key(keys.lease())
         .key(keys.owner())
         .key(keys.fence())
+        .key(keys.dead())
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(room.n)
         .arg(shared.id.as_str())
@@ -771,6 +772,12 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
     shared.counters.claimed.fetch_add(n as u64, Relaxed);
     for t in rest.chunks_exact(3) {
         let id = String::from_utf8_lossy(&t[0]).into_owned();
+        if t[1] == b"dead" {
+            // No envelope: the claim dead-lettered it, and leased nothing.
+            tracing::warn!(%id, reason = "no envelope in the tasks hash", "claimed task dead-lettered");
+            shared.counters.dead_lettered.fetch_add(1, Relaxed);
+            continue;
+        }
         if std::str::from_utf8(&t[0]).is_err() {
             // Written by another client: no envelope can name it, and an ack by its lossy
             // reading would never match. Dead-lettered under the id as stored.

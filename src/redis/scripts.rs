@@ -63,10 +63,13 @@ return n
     )
 });
 
-/// KEYS: due, tasks, lease, owner, fence. ARGV: until (ms), batch, consumer, lease (ms).
+/// KEYS: due, tasks, lease, owner, fence, dead. ARGV: until (ms), batch, consumer, lease (ms).
 /// Takes up to `batch` tasks due by `until`, leases them to `consumer|token` until
 /// max(due, now) + lease (`now`: Redis's clock), and returns `token, id1, due1, envelope1,
-/// id2, ...` (an empty envelope when the HASH has none), or an empty array.
+/// id2, ...`, or an empty array. An id with no envelope (or an empty one; only another client
+/// writes such) is dead-lettered here instead of leased, and comes back as `id, "dead", ""`:
+/// leased, it would wait for the consumer's dead-lettering, and an `enqueue` of the id in
+/// between would be dead-lettered with it.
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -78,12 +81,23 @@ local owner = ARGV[3] .. '|' .. token
 local out = {{tostring(token)}}
 for i = 1, #ids, 2 do
   local id, due = ids[i], tonumber(ids[i + 1])
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('ZADD', KEYS[3], math.max(due, now) + lease, id)
-  redis.call('HSET', KEYS[4], id, owner)
-  out[#out + 1] = id
-  out[#out + 1] = ids[i + 1]
-  out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
+  local envelope = redis.call('HGET', KEYS[2], id)
+  if envelope and envelope ~= '' then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZADD', KEYS[3], math.max(due, now) + lease, id)
+    redis.call('HSET', KEYS[4], id, owner)
+    out[#out + 1] = id
+    out[#out + 1] = ids[i + 1]
+    out[#out + 1] = envelope
+  else
+    redis.call('HSET', KEYS[6], id, cjson.encode({{
+      reason = 'no envelope in the tasks hash', raw = '', at = now, attempt = 0}}))
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    out[#out + 1] = id
+    out[#out + 1] = 'dead'
+    out[#out + 1] = ''
+  end
 end
 return out
 ",
@@ -309,6 +323,7 @@ mod tests {
             .key(k.lease())
             .key(k.owner())
             .key(k.fence())
+            .key(k.dead())
             .arg(i64::MAX)
             .arg(100)
             .arg("c")
@@ -320,6 +335,71 @@ mod tests {
             .chunks(3)
             .map(|t| (t[0].clone(), format!("c|{token}")))
             .collect()
+    }
+
+    /// An id with no envelope (or an empty one) is dead-lettered by the claim itself, never
+    /// leased: an enqueue of that id right after the claim is a task like any other, claimed
+    /// and leased whole. (Leased, it waited for the consumer's dead-lettering, which deleted
+    /// whatever envelope the id had by then.)
+    #[test]
+    fn a_claim_dead_letters_an_id_with_no_envelope_and_leases_nothing() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("bare").unwrap();
+        redis::pipe()
+            .zadd(k.due(), "none", 0)
+            .zadd(k.due(), "empty", 0)
+            .hset(k.tasks(), "empty", "")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let reply: Vec<String> = CLAIM
+            .key(k.due())
+            .key(k.tasks())
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.fence())
+            .key(k.dead())
+            .arg(i64::MAX)
+            .arg(100)
+            .arg("c")
+            .arg(60_000)
+            .invoke(&mut conn)
+            .unwrap();
+        assert_eq!(reply[1..], ["empty", "dead", "", "none", "dead", ""]);
+        let (leased, queued, dead): (u32, u32, Vec<String>) = redis::pipe()
+            .zcard(k.lease())
+            .zcard(k.due())
+            .hkeys(k.dead())
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(
+            (leased, queued),
+            (0, 0),
+            "an id with no envelope was leased"
+        );
+        assert_eq!(dead.len(), 2);
+        let record: String = redis::cmd("HGET")
+            .arg(k.dead())
+            .arg("none")
+            .query(&mut conn)
+            .unwrap();
+        let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+        assert_eq!(record["reason"], "no envelope in the tasks hash");
+        // The id enqueued again now is a task like any other.
+        let envelope =
+            r#"{"id":"none","topic":"t","payload":null,"attempt":0,"created_at":0,"due_at":0}"#;
+        redis::pipe()
+            .zadd(k.due(), "none", 0)
+            .hset(k.tasks(), "none", envelope)
+            .query::<()>(&mut conn)
+            .unwrap();
+        let claimed = claim(&mut conn, &k, 60_000);
+        assert_eq!(claimed.len(), 1);
+        let stored: Option<String> = redis::cmd("HGET")
+            .arg(k.tasks())
+            .arg("none")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(stored.as_deref(), Some(envelope));
     }
 
     /// A task whose lease keeps running out (its consumer crashing each time) is delivered
