@@ -804,14 +804,11 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
                 e.due_at = due; // the score is authoritative
                 e
             }
-            Ok(_) | Err(_) => {
-                let reason = if t[2].is_empty() {
-                    "no envelope in the tasks hash".to_string()
-                } else {
-                    match Envelope::decode(&t[2]) {
-                        Ok(e) => format!("envelope id {} does not match its key", e.id),
-                        Err(e) => format!("undecodable envelope: {e}"),
-                    }
+            // (An id with no envelope never comes here: the claim dead-lettered it.)
+            other => {
+                let reason = match other {
+                    Ok(e) => format!("envelope id {} does not match its key", e.id),
+                    Err(e) => format!("undecodable envelope: {e}"),
                 };
                 tracing::warn!(%id, %reason, "claimed task dead-lettered");
                 let raw = String::from_utf8_lossy(&t[2]).into_owned();

@@ -59,8 +59,7 @@ pub(super) struct Journal {
     /// before it, and may fail too).
     pub(super) snapshot_rounds: u64,
     pub(super) snapshot_ok: u64,
-    /// Completed snapshots, and the size of the last one.
-    pub(super) snapshots: u64,
+    /// The size of the last snapshot written.
     pub(super) snapshot_len: usize,
     /// Someone waits for a round (`flush`, WriteThrough, `snapshot`): the flusher starts one
     /// now instead of sleeping. A flag, not just the condvar, so a kick made while the flusher
@@ -448,11 +447,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                                 journal
                                     .record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
                             }
-                            Some(entry) => {
-                                let due_at = entry.envelope.due_at;
-                                journal.record_removal(id, due_at);
-                            }
-                            None => journal.record_removal(id, due_hint),
+                            _ => journal.record_removal(id, due_hint),
                         }
                     }
                     journal.oldest = older(journal.oldest, oldest);
@@ -498,7 +493,6 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         journal.flushed += 1;
                     }
                     if let Some(n) = written {
-                        journal.snapshots += 1;
                         journal.snapshot_ok = snapshot_round.unwrap_or(journal.snapshot_ok);
                         journal.snapshot_len = n;
                         tracing::info!(tasks = n, "snapshot written");
