@@ -223,31 +223,17 @@ fn the_reaper_loses_no_task_whose_stored_state_is_broken() {
         cfg.reaper_interval = Duration::from_millis(50);
         cfg.max_lease_expiries = 2;
     });
-    let keys = delaywheel::redis::KeyLayout::new("reapbroken").unwrap();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
+    // "inf" on its second expiry, "garbled" with an expiry count that is not a number.
+    let (keys, mut conn) = leased_by_a_crashed_consumer(
+        &server,
+        "reapbroken",
+        [("inf".to_string(), "1e999"), ("garbled".to_string(), "0")],
+    );
+    redis::pipe()
+        .hset(keys.expired(), "inf", "1")
+        .hset(keys.expired(), "garbled", "x")
+        .query::<()>(&mut conn)
         .unwrap();
-    let envelope = |id: &str, attempt: &str| {
-        format!(
-            r#"{{"id":"{id}","topic":"job","payload":null,"attempt":{attempt},"created_at":0,"due_at":0}}"#
-        )
-    };
-    // Leased by a consumer that crashed long ago: "inf" on its second expiry, "garbled" with
-    // an expiry count that is not a number.
-    for (id, attempt, expired) in [("inf", "1e999", "1"), ("garbled", "0", "x")] {
-        redis::pipe()
-            .zadd(keys.lease(), id, 0)
-            .ignore()
-            .hset(keys.owner(), id, "a crashed consumer")
-            .ignore()
-            .hset(keys.tasks(), id, envelope(id, attempt))
-            .ignore()
-            .hset(keys.expired(), id, expired)
-            .ignore()
-            .query::<()>(&mut conn)
-            .unwrap();
-    }
     let fired: Fired = Arc::default();
     let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();
     wait_until("the broken tasks reaped", || {
@@ -264,6 +250,35 @@ fn the_reaper_loses_no_task_whose_stored_state_is_broken() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// Writes tasks `(id, attempt)` of topic `job` into namespace `ns` (one shard) as a claim
+/// leaves them, leased to a consumer that crashed long ago: their leases ran out at 0. Returns
+/// the keys and the connection.
+fn leased_by_a_crashed_consumer<'a>(
+    server: &RedisServer,
+    ns: &str,
+    tasks: impl IntoIterator<Item = (String, &'a str)>,
+) -> (delaywheel::redis::KeyLayout, redis::Connection) {
+    let keys = delaywheel::redis::KeyLayout::new(ns).unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut pipe = redis::pipe();
+    for (id, attempt) in tasks {
+        let envelope = format!(
+            r#"{{"id":"{id}","topic":"job","payload":null,"attempt":{attempt},"created_at":0,"due_at":0}}"#
+        );
+        pipe.zadd(keys.lease(), &id, 0)
+            .ignore()
+            .hset(keys.owner(), &id, "a crashed consumer")
+            .ignore()
+            .hset(keys.tasks(), &id, envelope)
+            .ignore();
+    }
+    pipe.query::<()>(&mut conn).unwrap();
+    (keys, conn)
+}
+
 /// One reaper round returns all of a crashed consumer's expired leases, not one script call's
 /// batch (1 000) per `reaper_interval`.
 #[test]
@@ -276,26 +291,8 @@ fn a_reaper_round_returns_every_expired_lease() {
     } = fixture("reapall", |cfg| {
         cfg.reaper_interval = Duration::from_secs(3);
     });
-    let keys = delaywheel::redis::KeyLayout::new("reapall").unwrap();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
     let n = 2_500;
-    let mut pipe = redis::pipe();
-    for i in 0..n {
-        let id = format!("t{i}");
-        let envelope = format!(
-            r#"{{"id":"{id}","topic":"job","payload":null,"attempt":0,"created_at":0,"due_at":0}}"#
-        );
-        pipe.zadd(keys.lease(), &id, 0)
-            .ignore()
-            .hset(keys.owner(), &id, "a crashed consumer")
-            .ignore()
-            .hset(keys.tasks(), &id, envelope)
-            .ignore();
-    }
-    pipe.query::<()>(&mut conn).unwrap();
+    leased_by_a_crashed_consumer(&server, "reapall", (0..n).map(|i| (format!("t{i}"), "0")));
     let fired: Fired = Arc::default();
     let start = Instant::now();
     let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();

@@ -315,9 +315,9 @@ mod tests {
             .unwrap()
     }
 
-    /// Claims everything due with a lease of `lease_ms`; the owner of each claimed id.
-    fn claim(conn: &mut redis::Connection, k: &KeyLayout, lease_ms: u64) -> Vec<(String, String)> {
-        let reply: Vec<String> = CLAIM
+    /// The claim script's reply for everything due, leased to consumer `c` for `lease_ms`.
+    fn claim_reply(conn: &mut redis::Connection, k: &KeyLayout, lease_ms: u64) -> Vec<String> {
+        CLAIM
             .key(k.due())
             .key(k.tasks())
             .key(k.lease())
@@ -329,7 +329,12 @@ mod tests {
             .arg("c")
             .arg(lease_ms)
             .invoke(conn)
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Claims everything due with a lease of `lease_ms`; the owner of each claimed id.
+    fn claim(conn: &mut redis::Connection, k: &KeyLayout, lease_ms: u64) -> Vec<(String, String)> {
+        let reply = claim_reply(conn, k, lease_ms);
         let token = reply.first().cloned().unwrap_or_default();
         reply[1.min(reply.len())..]
             .chunks(3)
@@ -351,19 +356,7 @@ mod tests {
             .hset(k.tasks(), "empty", "")
             .query::<()>(&mut conn)
             .unwrap();
-        let reply: Vec<String> = CLAIM
-            .key(k.due())
-            .key(k.tasks())
-            .key(k.lease())
-            .key(k.owner())
-            .key(k.fence())
-            .key(k.dead())
-            .arg(i64::MAX)
-            .arg(100)
-            .arg("c")
-            .arg(60_000)
-            .invoke(&mut conn)
-            .unwrap();
+        let reply = claim_reply(&mut conn, &k, 60_000);
         assert_eq!(reply[1..], ["empty", "dead", "", "none", "dead", ""]);
         let (leased, queued, dead): (u32, u32, Vec<String>) = redis::pipe()
             .zcard(k.lease())
