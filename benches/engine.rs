@@ -126,6 +126,14 @@ fn run_threads(threads: usize, per_thread: usize, op: Arc<dyn Fn() + Send + Sync
     t.elapsed()
 }
 
+/// One producer operation: schedule a far timer through `timer`, then cancel it.
+fn schedule_cancel(timer: Timer<u64>) -> Arc<dyn Fn() + Send + Sync> {
+    Arc::new(move || {
+        let id = timer.schedule(black_box(1u64), FAR).unwrap();
+        black_box(timer.cancel(id));
+    })
+}
+
 fn bench_producers(c: &mut Criterion) {
     let per_thread = if smoke() { 1_000 } else { 200_000 };
     let mut group = c.benchmark_group("producers");
@@ -138,10 +146,7 @@ fn bench_producers(c: &mut Criterion) {
             |b, &t| {
                 b.iter_custom(|iters| {
                     let (timer, _rx) = Timer::builder().shards(2).build_channel(None).unwrap();
-                    let op: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-                        let id = timer.schedule(black_box(1u64), FAR).unwrap();
-                        black_box(timer.cancel(id));
-                    });
+                    let op = schedule_cancel(timer);
                     (0..iters)
                         .map(|_| run_threads(t, per_thread, op.clone()))
                         .sum()
@@ -170,13 +175,7 @@ fn bench_producers(c: &mut Criterion) {
                         })
                     };
                     let consumer = std::thread::spawn(move || while rx.recv().is_ok() {});
-                    let op: Arc<dyn Fn() + Send + Sync> = {
-                        let timer = timer.clone();
-                        Arc::new(move || {
-                            let id = timer.schedule(black_box(1u64), FAR).unwrap();
-                            black_box(timer.cancel(id));
-                        })
-                    };
+                    let op = schedule_cancel(timer.clone());
                     let took = (0..iters)
                         .map(|_| run_threads(t, per_thread, op.clone()))
                         .sum();

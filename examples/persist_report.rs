@@ -88,6 +88,43 @@ fn used_memory(url: &str) -> f64 {
     info_sum(url, "memory", &["used_memory"])
 }
 
+/// An engine on namespace `ns` whose flusher waits until asked (`flush`), with room in its
+/// journal for `bound` changes. Its receiver of fired tasks comes with it, to be kept alive.
+fn waiting_engine(
+    url: &str,
+    ns: &str,
+    bound: usize,
+) -> (
+    Persistent,
+    crossbeam_channel::Receiver<delaywheel::redis::Envelope>,
+) {
+    let mut cfg = PersistConfig::new(url.to_string(), ns);
+    cfg.flush_interval = Duration::from_secs(3_600);
+    cfg.journal_bound = bound;
+    Persistent::start(cfg).expect("persistent engine")
+}
+
+/// Schedules a task for each of `ids`, the i-th due at `first_due + i`.
+fn schedule_all(persist: &Persistent, ids: &[String], payload: &serde_json::Value, first_due: u64) {
+    for (i, id) in ids.iter().enumerate() {
+        persist
+            .schedule(
+                id.clone(),
+                "order.close",
+                payload.clone(),
+                first_due + i as u64,
+            )
+            .expect("schedule");
+    }
+}
+
+/// How long a flush of everything journaled takes.
+fn timed_flush(persist: &Persistent) -> Duration {
+    let t = Instant::now();
+    assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
+    t.elapsed()
+}
+
 /// One command in RESP.
 fn resp(out: &mut Vec<u8>, args: &[&[u8]]) {
     out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
@@ -233,18 +270,11 @@ fn main() {
     // 2. flusher throughput: journal N upserts while the flusher sleeps, then time the flush.
     let payload = serde_json::Value::String("x".repeat(args.payload.saturating_sub(2)));
     let mem_before = used_memory(&url);
-    let mut cfg = PersistConfig::new(url.clone(), ns);
-    cfg.flush_interval = Duration::from_secs(3_600);
     // Room for the backlog and, beside it, for the producer below: the changes a round takes
     // count against the bound until the round ends.
-    cfg.journal_bound = 2 * args.tasks + 1;
-    let (persist, _fired) = Persistent::start(cfg).expect("persistent engine");
+    let (persist, _fired) = waiting_engine(&url, ns, 2 * args.tasks + 1);
     assert!(persist.flush(Duration::from_secs(10)), "first flush");
-    for (i, id) in ids[..args.tasks].iter().enumerate() {
-        persist
-            .schedule(id.clone(), "order.close", payload.clone(), far + i as u64)
-            .expect("schedule");
-    }
+    schedule_all(&persist, &ids[..args.tasks], &payload, far);
     // A producer keeps scheduling during the flush: its longest wait for the engine's lock.
     let flushing = std::sync::atomic::AtomicBool::new(true);
     let redis_cpu_before = redis_cpu_s(&url);
@@ -273,9 +303,7 @@ fn main() {
             }
             longest
         });
-        let t = Instant::now();
-        assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
-        let flush = t.elapsed();
+        let flush = timed_flush(&persist);
         // Read at the end of the timed flush, not after the probes' own flush below.
         let cpu = redis_cpu_s(&url);
         flushing.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -316,34 +344,20 @@ fn main() {
 
     // 4. flusher throughput for removals: restore again into an engine whose flusher waits,
     // cancel every task, then time the flush.
-    let mut cfg = PersistConfig::new(url.clone(), ns);
-    cfg.flush_interval = Duration::from_secs(3_600);
-    cfg.journal_bound = args.tasks + 1;
-    let (persist, _fired) = Persistent::start(cfg).expect("persistent engine");
+    let (persist, _fired) = waiting_engine(&url, ns, args.tasks + 1);
     persist.restore(RESTORE_PAGE).expect("restore");
     for id in &ids[..args.tasks] {
         persist.cancel(id);
     }
-    let t = Instant::now();
-    assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
-    let remove_ops_per_s = args.tasks as f64 / t.elapsed().as_secs_f64();
+    let remove_ops_per_s = args.tasks as f64 / timed_flush(&persist).as_secs_f64();
     drop(persist);
 
     // 5. flusher upserts again, into a Redis whose allocator holds the memory the removals
     // freed: a long-running Redis's state, where the first flush paid for Redis growing.
-    let mut cfg = PersistConfig::new(url.clone(), ns);
-    cfg.flush_interval = Duration::from_secs(3_600);
-    cfg.journal_bound = args.tasks + 1;
-    let (persist, _fired) = Persistent::start(cfg).expect("persistent engine");
-    for (i, id) in ids[..args.tasks].iter().enumerate() {
-        persist
-            .schedule(id.clone(), "order.close", payload.clone(), far + i as u64)
-            .expect("schedule");
-    }
+    let (persist, _fired) = waiting_engine(&url, ns, args.tasks + 1);
+    schedule_all(&persist, &ids[..args.tasks], &payload, far);
     let redis_cpu_before = redis_cpu_s(&url);
-    let t = Instant::now();
-    assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
-    let warm_flush = t.elapsed();
+    let warm_flush = timed_flush(&persist);
     let warm_redis_busy = (redis_cpu_s(&url) - redis_cpu_before) / warm_flush.as_secs_f64();
     let warm_flush_ops_per_s = args.tasks as f64 / warm_flush.as_secs_f64();
 
@@ -354,19 +368,8 @@ fn main() {
     for id in &ids[..half] {
         persist.cancel(id);
     }
-    for (i, id) in newcomers.iter().enumerate() {
-        persist
-            .schedule(
-                id.clone(),
-                "order.close",
-                payload.clone(),
-                far + (args.tasks + i) as u64,
-            )
-            .expect("schedule");
-    }
-    let t = Instant::now();
-    assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
-    let mixed_ops_per_s = (2 * half) as f64 / t.elapsed().as_secs_f64();
+    schedule_all(&persist, &newcomers, &payload, far + args.tasks as u64);
+    let mixed_ops_per_s = (2 * half) as f64 / timed_flush(&persist).as_secs_f64();
     drop(persist);
 
     let restore_s_per_million = restore.as_secs_f64() * 1e6 / args.tasks as f64;
