@@ -2,8 +2,9 @@
 //! random operations on values that record their own drops, and check that every value is
 //! dropped exactly once, whichever way it leaves the wheel (fired, cancelled, drained, cleared,
 //! or dropped with the wheel), and that values read through `iter` are the live ones. Drains
-//! are also leaked part-way, and a value's drop panics inside `clear`: the wheel must stay
-//! whole either way (every timer left fires at its deadline).
+//! are also leaked part-way, and a value's drop panics inside `clear` or a drain's drop: the
+//! wheel must stay whole either way (every timer left fires at its deadline). When one
+//! value's drop panics as the wheel itself is dropped, the others are still dropped.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashSet};
@@ -62,8 +63,8 @@ enum Op {
     DrainSome(usize),
     /// Take a few from a drain, then leak it.
     ForgetDrain(usize),
-    /// `clear`, with the n-th drop (from 1) panicking.
-    ClearPanicking(u32),
+    /// `clear` (or, if true, a drain dropped untouched), with the n-th drop (from 1) panicking.
+    ClearPanicking(u32, bool),
     Clear,
     Shrink,
 }
@@ -77,7 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Iter),
         1 => (0usize..5).prop_map(Op::DrainSome),
         1 => (0usize..5).prop_map(Op::ForgetDrain),
-        1 => (1u32..6).prop_map(Op::ClearPanicking),
+        1 => (1u32..6, any::<bool>()).prop_map(|(n, drain)| Op::ClearPanicking(n, drain)),
         1 => Just(Op::Clear),
         1 => Just(Op::Shrink),
     ]
@@ -87,7 +88,11 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
     #[test]
-    fn every_value_is_dropped_exactly_once(ops in proptest::collection::vec(op(), 1..120)) {
+    fn every_value_is_dropped_exactly_once(
+        ops in proptest::collection::vec(op(), 1..120),
+        // The wheel is dropped at the end with this drop (from 1; 0 for none) panicking.
+        drop_bomb in 0u32..4,
+    ) {
         quiet_planted_panics();
         let dropped = Rc::new(RefCell::new(Vec::new()));
         let bomb = Rc::new(Cell::new(0));
@@ -150,11 +155,15 @@ proptest! {
                         }
                         std::mem::forget(drain);
                     }
-                    Op::ClearPanicking(nth) => {
+                    Op::ClearPanicking(nth, via_drain) => {
                         bomb.set(*nth);
                         let before = dropped.borrow().len();
                         let cleared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            wheel.clear()
+                            if *via_drain {
+                                drop(wheel.drain())
+                            } else {
+                                wheel.clear()
+                            }
                         }));
                         prop_assert_eq!(cleared.is_err(), bomb.get() == 0);
                         if cleared.is_err() {
@@ -187,7 +196,13 @@ proptest! {
                 }
                 prop_assert_eq!(dropped_now.len() as u64 + live.len() as u64, created);
             }
-        } // the wheel is dropped here with whatever is still pending
+            // Dropped with whatever is still pending; if one value's drop panics, the rest
+            // are still dropped (as `Vec` does).
+            bomb.set(drop_bomb);
+            let whole = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(wheel)));
+            prop_assert_eq!(whole.is_err(), drop_bomb > 0 && bomb.get() == 0);
+            bomb.set(0);
+        }
         let all: HashSet<u64> = dropped.borrow().iter().copied().collect();
         prop_assert_eq!(all.len(), dropped.borrow().len(), "double drop");
         prop_assert_eq!(all.len() as u64, created, "leaked values");

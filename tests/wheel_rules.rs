@@ -206,6 +206,25 @@ fn next_deadline_is_none_exactly_when_empty_and_exact_on_level_zero() {
     assert_eq!(w.next_deadline(), None);
 }
 
+/// The overflow tier's minimum is forgotten when the tier empties: a later overflow timer's
+/// `next_deadline` is its own, not a tick long gone. (It kept the cancelled timer's deadline,
+/// so a driver would wake at once, or years early, for nothing.)
+#[test]
+fn next_deadline_forgets_an_overflow_timer_that_left() {
+    // 2 slots on 1 level: everything from 2 ticks ahead is in the overflow tier.
+    let mut w = Wheel::with_layout(Layout::new(1, 2).unwrap());
+    let gone = w.insert(10, ());
+    assert_eq!(w.cancel(gone), Some(()));
+    assert!(w.poll(100).is_none());
+    w.insert(1_000, ());
+    let next = w.next_deadline().unwrap();
+    assert!(
+        (w.now()..=1_000).contains(&next),
+        "next_deadline {next} at now {}",
+        w.now()
+    );
+}
+
 #[test]
 fn ties_and_order() {
     let mut w = Wheel::new();

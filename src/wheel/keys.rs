@@ -253,14 +253,26 @@ impl<T> Keys<T> {
 
 impl<T> Drop for Keys<T> {
     fn drop(&mut self) {
-        for e in &mut self.entries {
-            if e.occupied() {
-                e.gen = e.gen.wrapping_add(1);
-                // SAFETY: occupied, so initialised; the generation was made even first, so even
-                // if this drop panics the value is never read or dropped again.
-                unsafe { e.value.assume_init_drop() };
+        /// Drops the values left if one value's drop panics, as `Vec` does (a second panic
+        /// aborts, as it does there).
+        struct Rest<'a, T>(std::slice::IterMut<'a, Record<T>>);
+        impl<T> Drop for Rest<'_, T> {
+            fn drop(&mut self) {
+                self.0.by_ref().for_each(drop_value);
             }
         }
+        let mut rest = Rest(self.entries.iter_mut());
+        rest.0.by_ref().for_each(drop_value);
+    }
+}
+
+/// Drops the value of `e` if it holds one, and marks it empty.
+fn drop_value<T>(e: &mut Record<T>) {
+    if e.occupied() {
+        e.gen = e.gen.wrapping_add(1);
+        // SAFETY: occupied, so initialised; the generation was made even first, so even if
+        // this drop panics the value is never read or dropped again.
+        unsafe { e.value.assume_init_drop() };
     }
 }
 

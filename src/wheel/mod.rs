@@ -85,7 +85,7 @@ pub struct Expired<T> {
     pub value: T,
 }
 
-/// [`Wheel::try_insert`] refused a timer because `u32::MAX - 1` timers are already pending.
+/// [`Wheel::try_insert`] refused a timer because `u32::MAX` timers are already pending.
 /// The value is handed back.
 #[derive(Clone, PartialEq, Eq)]
 pub struct CapacityError<T>(pub T);
@@ -98,7 +98,7 @@ impl<T> fmt::Debug for CapacityError<T> {
 
 impl<T> fmt::Display for CapacityError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the wheel already holds the maximum number of timers (u32::MAX - 1)")
+        f.write_str("the wheel already holds the maximum number of timers (u32::MAX)")
     }
 }
 
@@ -281,7 +281,7 @@ impl<T> Wheel<T> {
     ///
     /// # Panics
     ///
-    /// When `u32::MAX - 1` timers are already pending (like `Vec::push` on capacity overflow).
+    /// When `u32::MAX` timers are already pending (like `Vec::push` on capacity overflow).
     /// [`try_insert`](Self::try_insert) returns the value instead.
     pub fn insert(&mut self, deadline: u64, value: T) -> TimerKey {
         match self.try_insert(deadline, value) {
@@ -291,7 +291,7 @@ impl<T> Wheel<T> {
     }
 
     /// Like [`insert`](Self::insert), but hands the value back in a [`CapacityError`] when
-    /// `u32::MAX - 1` timers are already pending, instead of panicking.
+    /// `u32::MAX` timers are already pending, instead of panicking.
     #[inline]
     pub fn try_insert(&mut self, deadline: u64, value: T) -> Result<TimerKey, CapacityError<T>> {
         let key = self.keys.alloc(deadline, value).map_err(CapacityError)?;
@@ -596,7 +596,10 @@ impl<T> Wheel<T> {
         if list.is_empty() {
             match loc {
                 Loc::Slot { level, slot } => self.clear_occupied(level, slot),
-                Loc::Ready | Loc::Overflow => {}
+                // Else a later overflow insert would take the stale minimum with its own,
+                // and `next_deadline` would name a tick long gone.
+                Loc::Overflow => self.overflow_min = u64::MAX,
+                Loc::Ready => {}
             }
         }
         if self.ready.is_empty() {
