@@ -145,7 +145,7 @@ fn redis_sigkilled_mid_load_loses_nothing_while_the_wheel_keeps_firing() {
                 Err(_) if finished.load(SeqCst) => return,
                 Err(_) => continue,
             };
-            assert!(p.ack(&task.id), "{} fired but could not be acked", task.id);
+            assert!(p.ack(&task), "{} fired but could not be acked", task.id);
             acked.fetch_add(1, SeqCst);
             if redis_down.load(SeqCst) {
                 acked_while_down.fetch_add(1, SeqCst);

@@ -102,7 +102,7 @@ fn tasks_survive_a_restart_and_fire_once_each_at_their_due_tick() {
             });
             assert_eq!(task.due_at, now, "{} fired at another tick", task.id);
             assert!(seen.insert(task.id.clone()), "{} fired twice", task.id);
-            assert!(second.ack(&task.id));
+            assert!(second.ack(&task));
         }
     }
     assert_eq!(seen.len(), n as usize);
@@ -119,6 +119,9 @@ fn scheduled_and_cancelled_within_a_window_costs_no_redis_command() {
     let mut cfg = config(&server, "coalesce");
     cfg.flush_interval = Duration::from_secs(2);
     let (p, _fired) = Persistent::start(cfg).unwrap();
+    // Before a restore completes, a cancel writes its removal (Redis may hold an older
+    // version of the id); after it, a task Redis never had costs nothing.
+    p.restore(100).unwrap();
     assert!(p.flush(PATIENCE)); // let the first rounds pass
     let (zadd, zrem) = (
         command_calls(&server, "zadd"),
@@ -229,11 +232,53 @@ fn restore_dead_letters_broken_entries_and_loads_the_rest() {
     redis_int(&server, &["ZADD", "{junk}:due", "5", "orphan"]);
     redis_int(&server, &["ZADD", "{junk}:due", "5", "bad"]);
     redis_int(&server, &["HSET", "{junk}:tasks", "bad", "\u{1}garbage"]);
+    // A member that is not UTF-8, which only another client writes: it used to fail the
+    // whole scan, so every restore failed and nothing after its page loaded.
+    let (not_utf8, raw): (&[u8], &[u8]) = (b"\xff\xfe", b"\xc3(");
+    {
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("ZADD")
+            .arg("{junk}:due")
+            .arg(5)
+            .arg(not_utf8)
+            .query::<()>(&mut conn)
+            .unwrap();
+        redis::cmd("HSET")
+            .arg("{junk}:tasks")
+            .arg(not_utf8)
+            .arg(raw)
+            .query::<()>(&mut conn)
+            .unwrap();
+    }
     let (p, _fired) = Persistent::start(config(&server, "junk")).unwrap();
     let report = p.restore(10).unwrap();
-    assert_eq!((report.loaded, report.dead_lettered), (1, 2));
-    assert_eq!(redis_int(&server, &["HLEN", "{junk}:dead"]), 2);
+    assert_eq!((report.loaded, report.dead_lettered), (1, 3));
+    assert_eq!(redis_int(&server, &["HLEN", "{junk}:dead"]), 3);
+    assert_eq!(redis_int(&server, &["ZCARD", "{junk}:due"]), 1);
+    assert_eq!(redis_int(&server, &["HLEN", "{junk}:tasks"]), 1);
     assert_eq!(p.len(), 1);
+    // Set aside under its own bytes, with the envelope's bytes kept whole (as hex).
+    let record: String = {
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("HGET")
+            .arg("{junk}:dead")
+            .arg(not_utf8)
+            .query(&mut conn)
+            .unwrap()
+    };
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(record["raw_hex"], "c328");
+    assert!(record["reason"].as_str().unwrap().contains("UTF-8"));
+    drop(p);
+    let (p, _fired) = Persistent::start(config(&server, "junk")).unwrap();
+    let report = p.restore(10).unwrap();
+    assert_eq!((report.loaded, report.dead_lettered), (1, 0));
 }
 
 #[test]
@@ -254,6 +299,7 @@ fn oversized_payloads_are_refused_with_the_envelope() {
 fn snapshot_makes_redis_match_memory_exactly_and_retries_while_redis_is_down() {
     let mut server = RedisServer::start();
     let (p, _fired) = Persistent::start(config(&server, "snap")).unwrap();
+    p.restore(100).unwrap(); // snapshots need a completed restore
     let mut expected = HashSet::new();
     for i in 0..2_000 {
         let id = format!("o{i}");
@@ -450,6 +496,7 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
     let mut expected = HashSet::new();
     {
         let (engine, _fired) = Persistent::start(cfg.clone()).unwrap();
+        engine.restore(1_000).unwrap(); // snapshots need a completed restore
         for i in 0..n {
             let payload = serde_json::json!({ "i": i });
             engine
@@ -507,7 +554,7 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
         let task = fired.recv_timeout(PATIENCE).expect("restored task fired");
         assert!(task.id.starts_with("soon"), "{} fired early", task.id);
         assert!(got.insert(task.id.clone()), "{} fired twice", task.id);
-        assert!(engine.ack(&task.id));
+        assert!(engine.ack(&task));
     }
     assert!(engine.flush(PATIENCE));
     let left: u64 = redis::cmd("ZCARD")

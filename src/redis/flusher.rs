@@ -216,7 +216,7 @@ fn take_round(inner: &Inner, down: bool, failed: bool) -> Round {
         index,
         journal,
         restoring,
-        restore_failed,
+        restored,
         gone,
         ..
     } = &mut *state;
@@ -224,9 +224,9 @@ fn take_round(inner: &Inner, down: bool, failed: bool) -> Round {
     if let Some(t) = journal.oldest {
         metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
     }
-    // Not while a restore runs, nor after one failed until one completes: the snapshot would
-    // write a partly loaded set over the rows not read yet.
-    if journal.snapshot_wanted && *restoring == 0 && !*restore_failed && !failed {
+    // Not while a restore runs, nor before one has completed: the snapshot would write a
+    // partly loaded set over the rows not read yet.
+    if journal.snapshot_wanted && *restoring == 0 && *restored && !failed {
         journal.snapshot_wanted = false;
         journal.snapshot_rounds += 1;
         let all = index

@@ -20,7 +20,7 @@
 //! engine.schedule("order:42", "order.close", serde_json::json!({ "order_id": 42 }), now_ms() + 30 * 60_000)?;
 //! for task in fired {
 //!     // close the order if it is still unpaid (idempotently), then:
-//!     engine.ack(&task.id);
+//!     engine.ack(&task);
 //! }
 //! # Ok::<(), delaywheel::redis::PersistError>(())
 //! ```

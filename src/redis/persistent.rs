@@ -291,11 +291,11 @@ pub(super) struct State {
     /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
     /// over the rows they have not read yet.
     pub(super) restoring: usize,
-    /// A restore failed and none has completed since: snapshots wait for one that completes,
-    /// for the same reason. (Once one has completed, memory holds every row, and a later one
-    /// that fails changes nothing.)
-    pub(super) restore_failed: bool,
-    /// A restore has completed.
+    /// A restore has completed. Until then memory may lack rows a previous process left, so
+    /// snapshots wait (they would delete those rows), and a cancel writes its removal even of
+    /// a task this engine never wrote (the store may hold an earlier version of the id).
+    /// (Once one has completed, memory holds every row, and a later one that fails changes
+    /// nothing.)
     pub(super) restored: bool,
     /// Ids cancelled or acknowledged while a restore runs, or whose removal a flush round took
     /// out of the journal meanwhile: it must not load them again from a page read before their
@@ -460,7 +460,6 @@ impl<S: TaskStore> Persistent<S> {
                 anchor,
                 index: Ids::default(),
                 restoring: 0,
-                restore_failed: false,
                 restored: false,
                 gone: Ids::default(),
                 journal: Journal::default(),
@@ -678,22 +677,27 @@ impl<S: TaskStore> Persistent<S> {
         };
         self.timer.cancel(timer);
         state.mark_gone(&id);
-        state
-            .journal
-            .remove(id, entry.persisted, entry.envelope.due_at);
+        // Before a restore has completed, the store may hold a version of this id from a
+        // previous process, which a restore would load: the removal is written either way.
+        let persisted = entry.persisted || !state.restored;
+        state.journal.remove(id, persisted, entry.envelope.due_at);
         true
     }
 
-    /// Acknowledges a fired task: it leaves Redis with the next flush. `false` if `id` is not a
-    /// fired, unacknowledged task, or after [`shutdown`](Self::shutdown) (the task stays in
-    /// Redis and fires again after a restore).
-    pub fn ack(&self, id: &str) -> bool {
+    /// Acknowledges a fired task, given as it was received: it leaves Redis with the next
+    /// flush. `false` if the id's fired, unacknowledged version is not this one: the id is
+    /// unknown, pending again, or was replaced and its new version fired too (that version
+    /// waits for its own `ack`; this one's was not written, so a crash before then fires the
+    /// new one again, never loses it). Also `false` after [`shutdown`](Self::shutdown) (the
+    /// task stays in Redis and fires again after a restore).
+    pub fn ack(&self, task: &Envelope) -> bool {
         let mut state = self.inner.state.lock();
-        if self.inner.stopping.load(SeqCst) || state.index.get(id).is_none_or(|e| e.timer.is_some())
+        let fired = |e: &Entry| e.timer.is_none() && *e.envelope == *task;
+        if self.inner.stopping.load(SeqCst) || !state.index.get(task.id.as_str()).is_some_and(fired)
         {
             return false;
         }
-        let Some((id, entry)) = state.index.remove_entry(id) else {
+        let Some((id, entry)) = state.index.remove_entry(task.id.as_str()) else {
             return false;
         };
         state.mark_gone(&id);
@@ -765,7 +769,9 @@ impl<S: TaskStore> Persistent<S> {
             pages = Some(rx);
             page
         }) {
-            let mut page = page.map_err(PersistError::Store)?.classify();
+            let rows = page.map_err(PersistError::Store)?;
+            report.dead_lettered += rows.set_aside;
+            let mut page = rows.classify();
             scanned = page.next == 0;
             {
                 // An id this engine holds or has changed since is not the store's to judge: the
@@ -876,11 +882,19 @@ impl<S: TaskStore> Persistent<S> {
     /// lost write or a stray writer left behind is gone. The flusher does it as its next round,
     /// in place of the journal it subsumes. Returns the number of tasks written, or `None` if it
     /// did not complete within `timeout` (the store is down, and the flusher keeps retrying it;
-    /// or a restore runs, or the last one failed: the snapshot waits for one to complete, as
-    /// it would write a partly loaded set over the rows not read).
+    /// or a restore runs: the snapshot waits for it to complete, as it would write a partly
+    /// loaded set over the rows not read).
+    ///
+    /// Only after a [`restore`](Self::restore) has completed: before, memory may lack the rows
+    /// a previous process left, which the snapshot would delete. Without one this returns `None`
+    /// at once, unless a restore is running (then it waits for it, within `timeout`).
     pub fn snapshot(&self, timeout: Duration) -> Option<usize> {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
+        if !state.restored && state.restoring == 0 {
+            tracing::warn!("snapshot refused: no restore has completed");
+            return None;
+        }
         state.journal.snapshot_wanted = true;
         // One taken after this call: a snapshot out now read the index before it.
         let after = state.journal.snapshot_rounds;
@@ -1003,13 +1017,10 @@ impl Drop for Restoring<'_> {
         state.restoring -= 1;
         if self.completed {
             state.restored = true;
-            state.restore_failed = false;
-        } else if !state.restored {
-            state.restore_failed = true;
         }
         if state.restoring == 0 {
             state.gone = Ids::default();
-            if state.journal.snapshot_wanted && !state.restore_failed {
+            if state.journal.snapshot_wanted && state.restored {
                 self.inner.kick(&mut state.journal); // the snapshot it held back
             }
         }

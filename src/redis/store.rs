@@ -133,23 +133,39 @@ pub struct Rows {
     pub next: u64,
     /// The rows.
     pub rows: Vec<Row>,
+    /// Entries of this page the store moved to its dead letters itself, because it cannot
+    /// hand them out as rows (for Redis: ZSET members that are not UTF-8, which only another
+    /// client writes).
+    pub set_aside: usize,
 }
 
 impl Rows {
     /// A scan step's rows, with the envelopes read for its members.
-    fn zip((next, flat): Scan, raws: Vec<Option<Vec<u8>>>) -> Rows {
+    /// Members that are not UTF-8 are returned apart, with their envelopes.
+    fn zip((next, flat): Scan, raws: Vec<Option<Vec<u8>>>) -> (Rows, Vec<Unreadable>) {
         let mut rows = Rows {
             next,
             rows: Vec::with_capacity(raws.len()),
+            set_aside: 0,
         };
+        let mut unreadable = Vec::new();
         let mut flat = flat.into_iter();
         for envelope in raws {
             let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
                 break;
             };
-            rows.rows.push(Row { id, due, envelope });
+            // A score is ASCII; lossy only for a reply that is not a score at all, which the
+            // classification then refuses.
+            let due = String::from_utf8_lossy(&due).into_owned();
+            match String::from_utf8(id) {
+                Ok(id) => rows.rows.push(Row { id, due, envelope }),
+                Err(e) => unreadable.push(Unreadable {
+                    member: e.into_bytes(),
+                    envelope,
+                }),
+            }
         }
-        rows
+        (rows, unreadable)
     }
 
     /// Decodes the rows, sorting out those with no envelope, an undecodable one, or a due time
@@ -217,8 +233,15 @@ impl Drop for ClearOnDrop<'_> {
     }
 }
 
-/// A ZSCAN reply: the next cursor and `member, score, member, score, ...`.
-type Scan = (u64, Vec<String>);
+/// A ZSCAN reply: the next cursor and `member, score, member, score, ...`, as bytes (a member
+/// need not be UTF-8).
+type Scan = (u64, Vec<Vec<u8>>);
+
+/// A ZSET member that is not UTF-8, so not a task id, and its envelope if any.
+struct Unreadable {
+    member: Vec<u8>,
+    envelope: Option<Vec<u8>>,
+}
 
 /// A page being read ahead: its ZSCAN step (done), its envelopes (sent), and the ZSCAN step
 /// of the page after it (sent before those envelopes, so its short reply comes back first).
@@ -348,9 +371,9 @@ impl RedisStore {
         // Outside a tokio runtime nothing can be read ahead: one step, then its envelopes.
         if tokio::runtime::Handle::try_current().is_err() {
             let scan = self.scan(cursor, count).await?;
-            let ids: Vec<String> = scan.1.iter().step_by(2).cloned().collect();
+            let ids: Vec<Vec<u8>> = scan.1.iter().step_by(2).cloned().collect();
             let raws = self.envelopes(&ids).await?;
-            return Ok(Rows::zip(scan, raws));
+            return self.set_aside(Rows::zip(scan, raws)).await;
         }
         let ahead = self
             .ahead
@@ -382,14 +405,49 @@ impl RedisStore {
             .await
             .map_err(|e| StoreError::new(format!("reading envelopes: {e}")))??;
         std::mem::forget(abandoned);
-        Ok(Rows::zip(scan, raws))
+        self.set_aside(Rows::zip(scan, raws)).await
+    }
+
+    /// Moves members that are not UTF-8 to the dead-letter hash (under the same bytes), as
+    /// [`dead_letter`](Self::dead_letter) does broken rows: a restore cannot load them, and
+    /// left in place they would fail every restore after this one.
+    async fn set_aside(
+        &self,
+        (mut rows, unreadable): (Rows, Vec<Unreadable>),
+    ) -> Result<Rows, StoreError> {
+        if unreadable.is_empty() {
+            return Ok(rows);
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let mut hset = redis::cmd("HSET");
+        hset.arg(self.keys.dead());
+        for u in &unreadable {
+            let record = dead_record("the id is not UTF-8", u.envelope.as_deref(), now_ms);
+            hset.arg(u.member.as_slice()).arg(record);
+            tracing::warn!(id = %String::from_utf8_lossy(&u.member), "task dead-lettered: the id is not UTF-8");
+        }
+        let members: Vec<&[u8]> = unreadable.iter().map(|u| u.member.as_slice()).collect();
+        pipe.add_command(hset).ignore();
+        pipe.cmd("ZREM").arg(self.keys.due()).arg(&members).ignore();
+        pipe.cmd("HDEL")
+            .arg(self.keys.tasks())
+            .arg(&members)
+            .ignore();
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await?;
+        rows.set_aside = unreadable.len();
+        Ok(rows)
     }
 
     /// Sends, from one task and in this order, the ZSCAN step after `scan` (unless the scan is
     /// over) and the HMGET of `scan`'s envelopes, for the page at `cursor`.
     fn read_ahead(&self, cursor: u64, scan: Scan, count: usize) -> Ahead {
         let this = self.clone();
-        let ids: Vec<String> = scan.1.iter().step_by(2).cloned().collect();
+        let ids: Vec<Vec<u8>> = scan.1.iter().step_by(2).cloned().collect();
         let (tx, next_scan) = match scan.0 {
             0 => (None, None),
             _ => {
@@ -417,7 +475,7 @@ impl RedisStore {
     }
 
     /// The envelopes of tasks `ids` (`None` where the HASH has none).
-    async fn envelopes(&self, ids: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    async fn envelopes(&self, ids: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -453,12 +511,8 @@ impl RedisStore {
         hset.arg(self.keys.dead());
         let mut ids = Vec::with_capacity(broken.len());
         for b in broken {
-            let record = serde_json::json!({
-                "reason": b.reason.to_string(),
-                "raw": b.raw.as_ref().map(|r| String::from_utf8_lossy(r).into_owned()),
-                "at": now_ms,
-            });
-            hset.arg(b.id.as_str()).arg(record.to_string());
+            let record = dead_record(&b.reason.to_string(), b.raw.as_deref(), now_ms);
+            hset.arg(b.id.as_str()).arg(record);
             ids.push(b.id.as_str());
             tracing::warn!(id = %b.id, reason = %b.reason, "task dead-lettered");
         }
@@ -534,6 +588,22 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// A dead-letter record: the reason, the raw envelope (`raw` as text when it is UTF-8, else
+/// `raw_hex`, so no byte is lost) and the time, ms since the epoch.
+fn dead_record(reason: &str, raw: Option<&[u8]>, now_ms: u64) -> String {
+    let mut record = serde_json::json!({ "reason": reason, "at": now_ms, "raw": null });
+    if let Some(raw) = raw {
+        match std::str::from_utf8(raw) {
+            Ok(text) => record["raw"] = text.into(),
+            Err(_) => {
+                let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+                record["raw_hex"] = hex.into();
+            }
+        }
+    }
+    record.to_string()
 }
 
 impl TaskStore for RedisStore {
