@@ -245,6 +245,7 @@ fn main() {
     let mut cfg = PersistConfig::new(url.clone(), ns);
     cfg.flush_interval = Duration::from_millis(5);
     let (persist, _fired) = Persistent::start(cfg).expect("persistent engine");
+    persist.restore(RESTORE_PAGE).expect("restore");
     let (mut mem_ns, mut persist_ns) = (Vec::new(), Vec::new());
     for _ in 0..7 {
         let t = Instant::now();
@@ -273,6 +274,8 @@ fn main() {
     // Room for the backlog and, beside it, for the producer below: the changes a round takes
     // count against the bound until the round ends.
     let (persist, _fired) = waiting_engine(&url, ns, 2 * args.tasks + 1);
+    // As a process starts (until a restore completes, a cancel writes its removal).
+    persist.restore(RESTORE_PAGE).expect("restore");
     assert!(persist.flush(Duration::from_secs(10)), "first flush");
     schedule_all(&persist, &ids[..args.tasks], &payload, far);
     // A producer keeps scheduling during the flush: its longest wait for the engine's lock.
@@ -355,6 +358,7 @@ fn main() {
     // 5. flusher upserts again, into a Redis whose allocator holds the memory the removals
     // freed: a long-running Redis's state, where the first flush paid for Redis growing.
     let (persist, _fired) = waiting_engine(&url, ns, args.tasks + 1);
+    persist.restore(RESTORE_PAGE).expect("restore");
     schedule_all(&persist, &ids[..args.tasks], &payload, far);
     let redis_cpu_before = redis_cpu_s(&url);
     let warm_flush = timed_flush(&persist);
