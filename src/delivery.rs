@@ -91,7 +91,7 @@ impl<T> Sink<T> {
     ) -> Result<(), Expiration<T>> {
         let tx = match self {
             Sink::Inline(f) => {
-                on_driver("an inline delivery", || f(exp));
+                contained("an inline delivery", || f(exp));
                 return Ok(());
             }
             Sink::Channel(tx) | Sink::Pool { tx, .. } => tx,
@@ -117,7 +117,7 @@ impl<T> Sink<T> {
         }
         #[cfg(feature = "tokio")]
         if let Sink::Stream { waker, .. } = self {
-            on_driver("the stream's waker", || waker.wake());
+            contained("the stream's waker", || waker.wake());
         }
         Ok(())
     }
@@ -138,18 +138,19 @@ impl<T> Sink<T> {
             #[cfg(feature = "tokio")]
             Sink::Stream { tx, waker } => {
                 drop(tx);
-                waker.wake();
+                contained("the stream's waker", || waker.wake());
             }
             Sink::Channel(_) | Sink::Inline(_) => {}
         }
     }
 }
 
-/// Runs user code (a waker) on the driver thread: a panic in it is logged and contained, so it
-/// cannot end the driver and leave every other timer unfired.
-fn on_driver(what: &str, f: impl FnOnce()) {
+/// Runs user code (a callback, a waker): a panic in it is logged and contained. On the driver
+/// thread it cannot end the driver and leave every other timer unfired; in a shutdown or a
+/// drop it cannot escape library code (or abort the process, in a drop during unwinding).
+pub(crate) fn contained(what: &str, f: impl FnOnce()) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
-        tracing::error!("{what} panicked on the driver thread; the driver carries on");
+        tracing::error!("{what} panicked; carried on");
         forget_panic(payload);
     }
 }

@@ -48,7 +48,9 @@ impl Drop for Wakeup {
             .compare_exchange(PENDING, SHUT_DOWN, SeqCst, SeqCst)
             .is_ok()
         {
-            self.0.waker.wake();
+            // Run wherever the engine's pending timers are dropped (a shutdown, a drop):
+            // a panicking waker must not escape there.
+            crate::delivery::contained("a sleep's waker", || self.0.waker.wake());
         }
     }
 }

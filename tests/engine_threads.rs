@@ -251,15 +251,16 @@ fn a_panicking_callback_is_contained() {
 
 #[test]
 fn stats_answer_while_the_driver_waits_on_a_full_channel() {
-    // A manual clock: all ten are due at one tick, so one turn collects them all, hands one to
-    // the channel and blocks on the next.
+    // A manual clock: all ten come due at one tick, so one turn collects them all, hands one
+    // to the channel and blocks on the next. (Not due at once: a driver woken by the first
+    // schedule could take some before the rest were scheduled.)
     let clock = ManualClock::new();
     let (timer, rx) = Timer::builder()
         .manual_clock(&clock)
         .build_channel(Some(1))
         .unwrap();
     for i in 0..10u32 {
-        timer.schedule(i, Duration::ZERO).unwrap();
+        timer.schedule(i, MS).unwrap();
     }
     clock.advance(MS);
     until_full(&rx);

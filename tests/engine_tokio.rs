@@ -12,9 +12,12 @@ const MS: Duration = Duration::from_millis(1);
 #[tokio::test]
 async fn stream_yields_expirations_in_deadline_order_then_ends() {
     let (timer, mut stream) = Timer::builder().shards(2).build_stream(16).unwrap();
-    timer.schedule(3u32, 30 * MS).unwrap();
-    timer.schedule(1u32, 10 * MS).unwrap();
-    timer.schedule(2u32, 20 * MS).unwrap();
+    // From one instant: with three clock reads, a stall between two schedules could reorder
+    // the deadlines themselves.
+    let base = Instant::now();
+    timer.schedule_at(3u32, base + 30 * MS).unwrap();
+    timer.schedule_at(1u32, base + 10 * MS).unwrap();
+    timer.schedule_at(2u32, base + 20 * MS).unwrap();
     let mut got = Vec::new();
     for _ in 0..3 {
         let e = stream.next().await.unwrap();
@@ -158,6 +161,48 @@ fn a_panicking_waker_does_not_stop_the_driver() {
         count.0.load(SeqCst),
         1,
         "the driver died with the first waker"
+    );
+}
+
+/// Wakers that panic when a shutdown wakes them (a pending sleep's, as the handed-back timers
+/// are dropped; the stream's, as it closes) are contained: the panic does not escape the
+/// library's shutdown or drop. (It escaped both; in a drop during unwinding, that aborts.)
+#[test]
+fn a_waker_that_panics_at_shutdown_is_contained() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    struct Panics;
+    impl Wake for Panics {
+        fn wake(self: Arc<Self>) {
+            panic!("a waker that panics");
+        }
+    }
+    let panics = Waker::from(Arc::new(Panics));
+    let sleeper = Sleeper::new().unwrap();
+    let mut sleep = Box::pin(sleeper.sleep(Duration::from_secs(3_600)));
+    assert!(sleep
+        .as_mut()
+        .poll(&mut Context::from_waker(&panics))
+        .is_pending());
+    let pending = sleeper.timer().shutdown();
+    assert_eq!(pending.len(), 1);
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(pending)));
+    assert!(dropped.is_ok(), "a sleep's waker panicked out of the drop");
+
+    let (timer, mut stream) = Timer::builder().build_stream(4).unwrap();
+    timer.schedule(0u32, Duration::from_secs(3_600)).unwrap();
+    assert!(Box::pin(stream.next())
+        .as_mut()
+        .poll(&mut Context::from_waker(&panics))
+        .is_pending());
+    let shut =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || timer.shutdown().len()));
+    assert_eq!(
+        shut.ok(),
+        Some(1),
+        "the stream's waker panicked out of shutdown"
     );
 }
 
