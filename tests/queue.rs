@@ -1033,13 +1033,19 @@ fn a_wake_up_claims_only_its_shard() {
     let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
     wait_until("the first claim of every shard", || c.stats().claims == 4);
     // Past the lookahead's first claims, so only the wake-up can bring it in time.
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for_wake_subscribers(&_server, &cfg.namespace, 1);
     let before = c.stats().claims;
     enqueue_all(&rt, &p, "job", vec![("w1".into(), now_ms() + 300)]);
     wait_until("the woken task", || fired.lock().contains_key("w1"));
     assert_eq!(c.stats().claims - before, 1, "claims on other shards");
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
+
+/// How long the paused-node tests pause a node (ms).
+const PAUSE_MS: u64 = 5_000;
+/// What those tests wait for must happen this soon after the pause began (ms): well before it
+/// ends, so that nothing that waited on the paused node can pass.
+const WITHIN_PAUSE: u64 = 4_000;
 
 /// A 6-shard queue on a 3-node cluster, for the paused-node tests: shard 0's node (`paused`),
 /// a shard on another node (`other`), and a task id that goes to `other`.
@@ -1102,7 +1108,7 @@ impl SplitCluster {
         }
     }
 
-    /// Pauses every client of shard 0's node for 3 s; returns when (ms) it began.
+    /// Pauses every client of shard 0's node for [`PAUSE_MS`]; returns when (ms) it began.
     fn pause(&self) -> u64 {
         let mut node = redis::Client::open(self.urls[self.paused].as_str())
             .unwrap()
@@ -1110,7 +1116,7 @@ impl SplitCluster {
             .unwrap();
         redis::cmd("CLIENT")
             .arg("PAUSE")
-            .arg(3_000)
+            .arg(PAUSE_MS)
             .arg("ALL")
             .query::<()>(&mut node)
             .unwrap();
@@ -1120,7 +1126,7 @@ impl SplitCluster {
     /// Waits for the pause begun at `paused_at` to end, so that shutdown does not wait on it.
     fn wait_out(paused_at: u64) {
         std::thread::sleep(Duration::from_millis(
-            (paused_at + 3_100).saturating_sub(now_ms()),
+            (paused_at + PAUSE_MS + 100).saturating_sub(now_ms()),
         ));
     }
 }
@@ -1132,8 +1138,9 @@ impl SplitCluster {
 fn a_paused_node_delays_no_other_shards_reaping() {
     let split = SplitCluster::start("reaped", |cfg| {
         cfg.reaper_interval = Duration::from_millis(50);
-        // Long enough that the lease runs out after the pause below has begun.
-        cfg.lease = Duration::from_millis(1_500);
+        // Long enough that the lease runs out after the pause below has begun (B's start and
+        // first claims take well under that), and well within it.
+        cfg.lease = Duration::from_millis(2_500);
     });
     // A claims the task (on its shard only) and crashes while running it: no renewals.
     let started = Arc::new(Mutex::new(false));
@@ -1174,7 +1181,7 @@ fn a_paused_node_delays_no_other_shards_reaping() {
     wait_until("the reaped task", || fired.lock().contains_key(&split.id));
     let fired_ms = fired.lock()[&split.id][0].1 / 1_000;
     assert!(
-        fired_ms < paused_at + 2_500,
+        fired_ms < paused_at + WITHIN_PAUSE,
         "fired {} ms after the pause began: the reaper waited on the paused node",
         fired_ms.saturating_sub(paused_at)
     );
@@ -1208,7 +1215,7 @@ fn a_paused_node_delays_no_other_shards_tasks() {
     });
     let fired_ms = fired.lock()[&split.id][0].1 / 1_000;
     assert!(
-        fired_ms < paused_at + 2_500,
+        fired_ms < paused_at + WITHIN_PAUSE,
         "due {} ms after the pause began, fired after {} ms: behind the paused node",
         due - paused_at,
         fired_ms.saturating_sub(paused_at)
@@ -1268,7 +1275,7 @@ fn a_paused_node_delays_no_other_shards_acks() {
     wait_until("the other shard's ack", || c.stats().acked >= 2);
     let acked_ms = now_ms();
     assert!(
-        acked_ms < paused_at + 2_500,
+        acked_ms < paused_at + WITHIN_PAUSE,
         "acked {} ms after the pause began: behind the paused node's ack",
         acked_ms.saturating_sub(paused_at)
     );
@@ -1335,7 +1342,7 @@ fn a_paused_node_delays_no_other_shards_renewals() {
     );
     wait_until("the other shard's task, done", || c.stats().acked >= 2);
     assert!(
-        now_ms() < paused_at + 3_000,
+        now_ms() < paused_at + WITHIN_PAUSE,
         "acked {} ms after the pause began",
         now_ms() - paused_at
     );

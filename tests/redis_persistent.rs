@@ -386,13 +386,15 @@ fn restore_fires_overdue_tasks_no_faster_than_the_rate_limit() {
 
 #[test]
 fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
-    let server = RedisServer::start();
+    // No fsync: the lease below must not lapse between two calls on a slow disk.
+    let server = RedisServer::start_in_memory();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
+        // Long enough that calls in a row never see it lapse on a loaded machine.
         let dedup = Dedup::connect(
             &server.url(),
             "orders",
-            Duration::from_millis(200),
+            Duration::from_millis(1_000),
             Duration::from_secs(3_600),
         )
         .await
@@ -422,7 +424,7 @@ fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::AlreadyDone);
         // A handler that crashed holding the marker: the lease lapses and the task runs again.
         let o3 = run(dedup.begin("o3").await.unwrap());
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
         let o3_again = run(dedup.begin("o3").await.unwrap());
         // The first delivery was only slow, not dead: its abandon must not drop the marker of
         // the delivery that took over, or a third would run beside the second.

@@ -44,6 +44,21 @@ pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `subscribers` consumers of queue `ns` listen for wake-ups (the server counts
+/// them), instead of sleeping and hoping they do.
+pub fn wait_for_wake_subscribers(server: &RedisServer, ns: &str, subscribers: i64) {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    wait_until("the wake-up subscriptions", || {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(format!("{{{ns}}}:wake"))
+            .query(&mut conn)
+            .unwrap();
+        n >= subscribers
+    });
+}
+
 /// What most tests start from: a private Redis, a runtime for the async producer, the
 /// queue's settings (default, then `tweak`ed) and a producer.
 pub struct Fixture {

@@ -32,9 +32,8 @@ impl RedisServer {
     }
 
     fn start_with(durable: bool) -> RedisServer {
-        let dir = tempfile::tempdir().expect("temp dir");
         let mut server = RedisServer {
-            dir,
+            dir: socket_dir(),
             child: None,
             durable,
         };
@@ -168,4 +167,14 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A temporary directory for a server's socket and data: in `TMPDIR` unless a socket path there
+/// would pass the 107 bytes a Unix socket path may have, then in `/tmp`.
+fn socket_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    if dir.path().join("redis.sock").as_os_str().len() < 100 {
+        return dir;
+    }
+    tempfile::tempdir_in("/tmp").expect("temp dir in /tmp")
 }
