@@ -30,6 +30,48 @@ fn free_port() -> u16 {
     }
 }
 
+/// Starts one cluster node under `dir` on a free port, and waits until it answers. A port can
+/// be taken between `free_port` and the server's bind (its bus port too): a node that exits
+/// is started again on another.
+fn start_node(dir: &std::path::Path, deadline: Instant) -> (Child, u16) {
+    loop {
+        let port = free_port();
+        let node_dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
+            .args(["--appendonly", "no", "--save", "", "--dir"])
+            .arg(&node_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+            Err(e) => panic!("could not start redis-server: {e}"),
+        };
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break; // exited: its port was taken; another one
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return (child, port);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 impl RedisCluster {
     pub fn start(n: usize) -> RedisCluster {
         let mut cluster = RedisCluster {
@@ -37,39 +79,11 @@ impl RedisCluster {
             children: Vec::new(),
             ports: Vec::new(),
         };
-        for _ in 0..n {
-            let port = free_port();
-            let node_dir = cluster.dir.path().join(port.to_string());
-            std::fs::create_dir_all(&node_dir).unwrap();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                ])
-                .args(["--appendonly", "no", "--save", "", "--dir"])
-                .arg(&node_dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            match child {
-                Ok(c) => cluster.children.push(c),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
-                Err(e) => panic!("could not start redis-server: {e}"),
-            }
-            cluster.ports.push(port);
-        }
         let deadline = Instant::now() + Duration::from_secs(10);
-        for &port in &cluster.ports {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "redis-server on {port} did not start"
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
+        for _ in 0..n {
+            let (child, port) = start_node(cluster.dir.path(), deadline);
+            cluster.children.push(child);
+            cluster.ports.push(port);
         }
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
