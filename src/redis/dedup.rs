@@ -123,6 +123,16 @@ impl Dedup {
 
     /// Claims task `id` for processing, atomically (`SET NX PX ... GET`), with a fresh random
     /// token in the marker.
+    ///
+    /// `id` names one piece of work. Where an id is reused for new work (a `Persistent` task
+    /// scheduled again under its id after it ran, a queue task enqueued again), pass a key
+    /// that names the version too, such as `format!("{}@{}", task.id, task.created_at)`:
+    /// under the bare id the new work would find [`Begin::AlreadyDone`] for `keep`.
+    ///
+    /// The `running` marker is not renewed: a handler that works longer than `lease` lets a
+    /// redelivery run beside it. On [`Begin::InProgress`] a queue handler should fail the task
+    /// so that it is retried after its backoff; a `Persistent` consumer leaves it
+    /// unacknowledged and schedules it again a lease later.
     pub async fn begin(&self, id: &str) -> Result<Begin, StoreError> {
         let mut conn = self.conn.clone();
         let claim = Claim {
