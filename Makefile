@@ -9,22 +9,34 @@ PROPTEST_CASES ?= 10000
 export PROPTEST_CASES
 
 .PHONY: test deps fmt clippy unit smoke bench load fuzz
+# The steps run in order, also under `make -j`.
+.NOTPARALLEL:
+
+# apt-get needs root: through sudo for another user.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
 test: deps fmt clippy unit smoke
 
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
-	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
-	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
+	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt || { \
+		echo "rustfmt missing and rustup could not add it: install rustfmt for your toolchain"; exit 1; }
+	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy || { \
+		echo "clippy missing and rustup could not add it: install clippy for your toolchain"; exit 1; }
+	@command -v cc >/dev/null || { \
+		echo "no C compiler (the linker, openssl-sys): installing gcc with apt-get"; \
+		($(APT) update -qq && $(APT) install -y -qq gcc libc6-dev) || { \
+			echo "could not install gcc: install a C toolchain and re-run"; exit 1; }; }
 	@# The Redis tests start their own redis-server from PATH (on a Unix socket in a temp dir).
 	@# The TLS test makes a certificate with openssl; the `tls` feature builds against OpenSSL.
 	@{ command -v openssl >/dev/null && pkg-config --exists openssl 2>/dev/null; } || { \
 		echo "openssl or its headers missing: installing them with apt-get"; \
-		(apt-get update -qq && apt-get install -y -qq openssl libssl-dev pkg-config) || { \
+		($(APT) update -qq && $(APT) install -y -qq openssl libssl-dev pkg-config) || { \
 			echo "could not install OpenSSL: install openssl, libssl-dev and pkg-config and re-run"; exit 1; }; }
-	@command -v redis-server >/dev/null || { \
-		echo "redis-server missing: installing it with apt-get"; \
-		(apt-get update -qq && apt-get install -y -qq redis-server) || { \
+	@{ command -v redis-server >/dev/null && command -v redis-cli >/dev/null; } || { \
+		echo "redis-server or redis-cli missing: installing them with apt-get"; \
+		($(APT) update -qq && $(APT) install -y -qq redis-server redis-tools) || { \
 			echo "could not install redis-server: install it (e.g. apt-get install redis-server) and re-run"; exit 1; }; }
 	@# Dedup's SET NX GET and the tests' CLIENT PAUSE ... ALL need Redis 7.0 or later.
 	@v=$$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p'); \
@@ -38,7 +50,10 @@ clippy:
 
 unit:
 	$(CARGO) test --all-features
-	$(CARGO) build --no-default-features --all-targets
+	@# Without the optional features, and with each alone: each gated module builds by itself.
+	$(CARGO) clippy --no-default-features --all-targets -- -D warnings
+	$(CARGO) clippy --lib --features tokio -- -D warnings
+	$(CARGO) clippy --lib --features redis -- -D warnings
 
 # Every bench runs once on a small workload, and every example in its smoke mode, so they cannot rot.
 smoke:

@@ -7,6 +7,7 @@
 //! outside it.
 
 use std::collections::hash_map::Entry as MapEntry;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,9 +72,6 @@ pub(super) struct Journal {
     /// Changes the round in progress took out of `ops` and has not booked yet: they count
     /// against `journal_bound` as much as those still in `ops` (a failed round puts them back).
     pub(super) taken: usize,
-    /// A batch's operations were lost (its task ended without handing them back): until a snapshot succeeds, rounds
-    /// do not count as flushed, so `flush` and WriteThrough do not report what is missing.
-    pub(super) repair_wanted: bool,
 }
 
 impl Journal {
@@ -299,30 +297,37 @@ struct Written {
     failed: Vec<Op>,
     /// The first failure.
     error: Option<StoreError>,
-    /// A batch was lost: its task ended without handing it back.
-    lost: bool,
 }
 
-type BatchDone = Result<(Result<(), StoreError>, Vec<Op>), tokio::task::JoinError>;
+/// The batches in flight, by the id of the task writing each: a task that ends without an
+/// answer (cancelled under us) still hands its batch back through here.
+type InFlight = HashMap<tokio::task::Id, Arc<Vec<Op>>>;
+
+type BatchDone = Result<(tokio::task::Id, Result<(), StoreError>), tokio::task::JoinError>;
 
 impl Written {
     /// Books a finished batch: a failed one goes back to `failed`.
-    fn book(&mut self, done: BatchDone) {
-        match done {
-            Ok((Ok(()), chunk)) => self.written += chunk.len(),
-            Ok((Err(e), chunk)) => {
-                self.error.get_or_insert(e);
-                self.failed.extend(chunk);
-            }
+    fn book(&mut self, done: BatchDone, in_flight: &mut InFlight) {
+        let (task, result) = match done {
+            Ok(done) => done,
             Err(join) => {
-                // The task ended without handing its batch back. A panic in the store call is
-                // caught inside it (`guarded`), so only a task cancelled under us gets here.
-                // Report it as a failure whose operations are gone: the caller then asks for a
-                // snapshot, which rewrites the whole pending set, so nothing stays lost.
-                tracing::error!(error = %join, "a store write was lost; a snapshot will repair it");
+                // A panic in the store call is caught inside the task (`guarded`), so only a
+                // task cancelled under us gets here: its batch failed, and is journaled again.
+                tracing::error!(error = %join, "a store write task ended without an answer");
                 let e = StoreError::new(format!("store write lost: {join}"));
+                (join.id(), Err(e))
+            }
+        };
+        let Some(chunk) = in_flight.remove(&task) else {
+            return;
+        };
+        match result {
+            Ok(()) => self.written += chunk.len(),
+            Err(e) => {
                 self.error.get_or_insert(e);
-                self.lost = true;
+                // The task has ended, so this is the last reference.
+                self.failed
+                    .extend(Arc::try_unwrap(chunk).unwrap_or_else(|c| (*c).clone()));
             }
         }
     }
@@ -337,13 +342,14 @@ fn write_batches<S: TaskStore>(
     batches: impl Iterator<Item = Vec<Op>>,
 ) -> Written {
     rt.block_on(async {
-        let mut in_flight = tokio::task::JoinSet::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut in_flight = InFlight::new();
         let mut done = Written::default();
         for chunk in batches {
             done.taken += 1;
-            while in_flight.len() >= IN_FLIGHT {
-                if let Some(batch) = in_flight.join_next().await {
-                    done.book(batch);
+            while tasks.len() >= IN_FLIGHT {
+                if let Some(batch) = tasks.join_next_with_id().await {
+                    done.book(batch, &mut in_flight);
                 }
             }
             if done.error.is_some() {
@@ -353,14 +359,15 @@ fn write_batches<S: TaskStore>(
             if chunk.is_empty() {
                 continue;
             }
-            let store = store.clone();
-            in_flight.spawn(async move {
-                let result = guarded("write", async { store.apply(&chunk).await }).await;
-                (result, chunk)
+            let (store, chunk) = (store.clone(), Arc::new(chunk));
+            let task = tasks.spawn({
+                let chunk = chunk.clone();
+                async move { guarded("write", async { store.apply(&chunk).await }).await }
             });
+            in_flight.insert(task.id(), chunk);
         }
-        while let Some(batch) = in_flight.join_next().await {
-            done.book(batch);
+        while let Some(batch) = tasks.join_next_with_id().await {
+            done.book(batch, &mut in_flight);
         }
         done
     })
@@ -395,7 +402,6 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     written,
                     failed,
                     error,
-                    lost,
                 } = write_batches(
                     store,
                     rt,
@@ -406,12 +412,6 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     .get(taken.saturating_mul(batch)..)
                     .unwrap_or_default();
                 metrics::counter!("delaywheel_flushed_ops_total").increment(written as u64);
-                if lost {
-                    // Its operations are gone: only a snapshot can repair that.
-                    let journal = &mut inner.state.lock().journal;
-                    journal.snapshot_wanted = true;
-                    journal.repair_wanted = true;
-                }
                 if !failed.is_empty() || !unsent.is_empty() {
                     let mut state = inner.state.lock();
                     let State { index, journal, .. } = &mut *state;
@@ -486,10 +486,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             journal.taken = 0;
             match result {
                 Ok(()) => {
-                    if written.is_some() {
-                        journal.repair_wanted = false;
-                    }
-                    if whole && !journal.repair_wanted {
+                    if whole {
                         journal.flushed += 1;
                     }
                     if let Some(n) = written {
@@ -615,5 +612,31 @@ mod tests {
         // Every batch built comes back: sent and failed, or built after the failure.
         assert_eq!(done.failed.len(), built);
         assert_eq!(store.0.load(SeqCst), built - usize::from(built > IN_FLIGHT));
+    }
+
+    /// A write task that ends without an answer (cancelled) hands its batch back as failed,
+    /// to be journaled again. (Its operations used to be lost, repaired only by a snapshot,
+    /// which waits for a restore: until one, nothing counted as flushed.)
+    #[test]
+    fn a_cancelled_write_hands_its_batch_back() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (failed, error) = rt.block_on(async {
+            let mut tasks = tokio::task::JoinSet::new();
+            let mut in_flight = InFlight::new();
+            let batch = vec![Op::Remove("a".into()), Op::Remove("b".into())];
+            let task = tasks.spawn(std::future::pending::<Result<(), StoreError>>());
+            in_flight.insert(task.id(), Arc::new(batch));
+            tasks.abort_all();
+            let mut done = Written::default();
+            while let Some(d) = tasks.join_next_with_id().await {
+                done.book(d, &mut in_flight);
+            }
+            assert!(in_flight.is_empty());
+            (done.failed, done.error)
+        });
+        assert_eq!(failed, vec![Op::Remove("a".into()), Op::Remove("b".into())]);
+        assert!(error.is_some());
     }
 }
