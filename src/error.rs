@@ -8,7 +8,7 @@ use std::fmt;
 pub enum ScheduleError<T> {
     /// The engine has been shut down.
     Shutdown(T),
-    /// The shard already holds `u32::MAX - 1` timers.
+    /// The shard already holds `u32::MAX` timers.
     Capacity(T),
 }
 
@@ -34,9 +34,7 @@ impl<T> fmt::Display for ScheduleError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ScheduleError::Shutdown(_) => f.write_str("the timer engine has been shut down"),
-            ScheduleError::Capacity(_) => {
-                f.write_str("the timer shard is full (u32::MAX - 1 timers)")
-            }
+            ScheduleError::Capacity(_) => f.write_str("the timer shard is full (u32::MAX timers)"),
         }
     }
 }

@@ -56,7 +56,7 @@ impl Drop for Wakeup {
 }
 
 /// The engine shut down before the timer fired (or refused to schedule it: it was shut down
-/// already, or its shard held `u32::MAX - 1` timers).
+/// already, or its shard held `u32::MAX` timers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineShutdown;
 

@@ -533,7 +533,7 @@ impl<T> Timer<T> {
     /// Any delay works: one past the wheel's range, or `Duration::MAX`, simply waits. A zero
     /// delay fires at the next tick boundary (within one tick). Errors hand the value back:
     /// [`ScheduleError::Shutdown`] after [`shutdown`](Self::shutdown), and
-    /// [`ScheduleError::Capacity`] when the shard holds `u32::MAX - 1` timers.
+    /// [`ScheduleError::Capacity`] when the shard holds `u32::MAX` timers.
     pub fn schedule(&self, value: T, delay: Duration) -> Result<TimerId, ScheduleError<T>> {
         let tick = self.core.ticks.tick_after(self.core.clock.now(), delay);
         self.core.insert(tick, value)

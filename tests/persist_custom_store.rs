@@ -876,9 +876,10 @@ fn failed_writes_wait_in_the_journal_while_a_snapshot_is_held_back() {
 fn a_failed_restore_holds_snapshots_back() {
     let store = stored((0..30).map(|i| format!("t{i:02}")));
     let p = engine(&store);
+    let started = std::time::Instant::now();
     let (snapshot, restored) = during_a_held_restore(&store, &p, || {
         std::thread::scope(|s| {
-            let snapshot = s.spawn(|| p.snapshot(Duration::from_secs(2)));
+            let snapshot = s.spawn(|| p.snapshot(Duration::from_secs(60)));
             // The scan breaks after the page held back.
             store.rows_panic.store(true, SeqCst);
             store.rows_paused.store(false, SeqCst);
@@ -887,6 +888,12 @@ fn a_failed_restore_holds_snapshots_back() {
     });
     assert!(restored.is_err(), "the scan stopped early");
     assert_eq!(snapshot, None, "a snapshot ran after a failed restore");
+    // It returns when the restore fails, not at its timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the snapshot waited {:?} after the restore it waited for failed",
+        started.elapsed()
+    );
     assert_eq!(
         store.ids().len(),
         30,

@@ -126,8 +126,10 @@ impl Dedup {
     ///
     /// `id` names one piece of work. Where an id is reused for new work (a `Persistent` task
     /// scheduled again under its id after it ran, a queue task enqueued again), pass a key
-    /// that names the version too, such as `format!("{}@{}", task.id, task.created_at)`:
-    /// under the bare id the new work would find [`Begin::AlreadyDone`] for `keep`.
+    /// that names the version too, such as a revision the producer puts in the payload
+    /// (`format!("{}@{}", task.id, revision)`): under the bare id the new work would find
+    /// [`Begin::AlreadyDone`] for `keep`. (`created_at` is coarse: two versions a few ms
+    /// apart can share it.)
     ///
     /// The `running` marker is not renewed: a handler that works longer than `lease` lets a
     /// redelivery run beside it. On [`Begin::InProgress`] a queue handler should fail the task

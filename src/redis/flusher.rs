@@ -111,7 +111,8 @@ impl Journal {
 
     /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
     /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
-    /// window, it costs no Redis command at all.
+    /// window, it costs no Redis command at all. (Before a restore has completed the caller
+    /// passes `persisted`: Redis may hold an older version of the id.)
     pub(super) fn remove(&mut self, id: TaskKey, persisted: bool, due_at: u64) {
         match self.ops.entry(id) {
             MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert(_)) => {

@@ -52,7 +52,7 @@
 //! |---|---|---|
 //! | `{ns}:due` | ZSET | member = task id, score = due time in ms since the Unix epoch |
 //! | `{ns}:tasks` | HASH | task id → the JSON [`Envelope`] |
-//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at", "attempt" }` of an entry that could not be used |
+//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at", "attempt" }` of an entry that could not be used (`raw`: the envelope, `null` if there was none, or in `raw_hex` when it is not UTF-8; `attempt`: queue only) |
 //! | `{ns}:lease` | ZSET | queue: claimed task id → lease deadline in ms (Redis's clock) |
 //! | `{ns}:owner` | HASH | queue: claimed task id → `consumer|token` (the fencing token) |
 //! | `{ns}:fence` | STRING | queue: the counter of fencing tokens |

@@ -4,8 +4,10 @@
 //! # Ground rules
 //!
 //! * The engine (memory) is the source of truth. Every change is recorded in the journal, keyed
-//!   by task id, so later changes to an id replace earlier ones (coalescing): a task scheduled
-//!   and cancelled within one flush window costs no Redis command at all.
+//!   by task id, so later changes to an id replace earlier ones (coalescing): once a restore
+//!   has completed, a task scheduled and cancelled within one flush window costs no Redis
+//!   command at all (before, Redis may hold an older version of the id, and the cancel writes
+//!   its removal).
 //! * The index (every task held) and the journal live in one [`State`] behind one mutex:
 //!   every change to one is a change to the other, and one lock per call is what the hot path
 //!   can afford. The timer's shard locks are taken inside it, never the other way round: the
@@ -218,8 +220,9 @@ pub(super) struct Entry {
     /// `None` once fired (waiting for `ack`).
     pub(super) timer: Option<TimerId>,
     /// Whether Redis may hold some version of this task: set when the flusher reads an upsert
-    /// of it from the index to write it (or a write of it failed). A cancel of a task that is not persisted and whose upsert is
-    /// still in the journal just drops that upsert: no Redis command at all.
+    /// of it from the index to write it (or a write of it failed). After a restore has
+    /// completed, a cancel of a task that is not persisted and whose upsert is still in the
+    /// journal just drops that upsert: no Redis command at all.
     pub(super) persisted: bool,
 }
 
@@ -292,7 +295,7 @@ pub(super) struct State {
     /// over the rows they have not read yet.
     pub(super) restoring: usize,
     /// A restore has completed. Until then memory may lack rows a previous process left, so
-    /// snapshots wait (they would delete those rows), and a cancel writes its removal even of
+    /// snapshots are refused (they would delete those rows), and a cancel writes its removal even of
     /// a task this engine never wrote (the store may hold an earlier version of the id).
     /// (Once one has completed, memory holds every row, and a later one that fails changes
     /// nothing.)
@@ -900,6 +903,11 @@ impl<S: TaskStore> Persistent<S> {
         let after = state.journal.snapshot_rounds;
         self.inner.kick(&mut state.journal);
         while state.journal.snapshot_ok <= after {
+            if !state.restored && state.restoring == 0 {
+                // The restore it waited for failed: refused, as if none had run (it is taken
+                // once a restore completes).
+                return None;
+            }
             if self.inner.stopping.load(SeqCst) || self.inner.wait_round(&mut state, deadline) {
                 let journal = &state.journal;
                 return (journal.snapshot_ok > after).then_some(journal.snapshot_len);
@@ -1018,6 +1026,8 @@ impl Drop for Restoring<'_> {
         if self.completed {
             state.restored = true;
         }
+        // A `snapshot` waiting for this restore learns how it ended.
+        self.inner.flushed.notify_all();
         if state.restoring == 0 {
             state.gone = Ids::default();
             if state.journal.snapshot_wanted && state.restored {

@@ -367,6 +367,10 @@ impl RedisStore {
     /// envelopes. Within a tokio runtime the next page is read ahead (two pages in flight), for
     /// the call that continues the scan at its cursor; a call at any other cursor drops it. A
     /// scan may return an entry twice if the set changes meanwhile (callers dedupe by id).
+    ///
+    /// Not only a read: members that are not UTF-8 (only another client writes such) cannot be
+    /// rows, and would fail every restore; they are moved to `{ns}:dead` here, under their own
+    /// bytes, and counted in [`Rows::set_aside`].
     pub async fn rows(&self, cursor: u64, count: usize) -> Result<Rows, StoreError> {
         // Outside a tokio runtime nothing can be read ahead: one step, then its envelopes.
         if tokio::runtime::Handle::try_current().is_err() {

@@ -22,7 +22,9 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Reads one page of about `count` stored rows, as stored, starting at `cursor` (0 to
-    /// begin; the returned [`Rows::next`] is 0 when done). A page may repeat a row the scan
+    /// begin; the returned [`Rows::next`] is 0 when done). An entry the store cannot hand out
+    /// as a row (for Redis, a member that is not UTF-8) it moves to its dead letters itself,
+    /// and counts in [`Rows::set_aside`]. A page may repeat a row the scan
     /// already returned. The engine decodes them ([`Rows::classify`]), off the store's
     /// connection, so reading the next page overlaps decoding this one.
     fn rows(

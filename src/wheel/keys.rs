@@ -134,7 +134,7 @@ impl<T> Keys<T> {
         self.len
     }
 
-    /// Stores a new timer; hands the value back when `u32::MAX - 1` records are in use. The
+    /// Stores a new timer; hands the value back when `u32::MAX` records are in use. The
     /// caller sets `pos`.
     #[inline]
     pub(crate) fn alloc(&mut self, deadline: u64, value: T) -> Result<TimerKey, T> {
