@@ -1057,6 +1057,8 @@ struct SplitCluster {
     p: Producer,
     paused: usize,
     other: u32,
+    /// The shards whose slots are not on the paused node.
+    healthy: Vec<u32>,
     id: String,
 }
 
@@ -1089,9 +1091,8 @@ impl SplitCluster {
                 .expect("a node owns the slot")
         };
         let paused = owner(0);
-        let other = (1..6)
-            .find(|&s| owner(s) != paused)
-            .expect("all shards on one node");
+        let healthy: Vec<u32> = (1..6).filter(|&s| owner(s) != paused).collect();
+        let other = *healthy.first().expect("all shards on one node");
         let id = (0..)
             .map(|i| format!("t{i}"))
             .find(|id| shard_of(id, 6) == other)
@@ -1104,6 +1105,7 @@ impl SplitCluster {
             p,
             paused,
             other,
+            healthy,
             id,
         }
     }
@@ -1574,4 +1576,104 @@ fn a_reclaimed_id_fires_once_with_its_newest_version() {
     let depth = rt.block_on(p.depth()).unwrap();
     assert_eq!((depth.queued, depth.leased), (0, 0));
     c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// At shutdown, a shard whose node stops answering keeps back only its own tasks: the other
+/// shards' held tasks are handed back to the queue. (The hand-back went shard by shard in a
+/// map's order and stopped at the first failure, so the shards after the paused one left
+/// their tasks leased until the lease ran out, each counted as an expiry.)
+#[test]
+fn a_paused_node_keeps_back_no_other_shards_hand_back() {
+    let split = SplitCluster::start("handback", |cfg| {
+        cfg.lookahead = Duration::from_secs(120);
+    });
+    let c = Consumer::start(split.cfg.clone(), Handlers::new()).unwrap();
+    wait_until("first claims", || c.stats().claims >= 6);
+    // One task per shard, due in a minute: claimed and held, none fired.
+    let ids: Vec<(u32, String)> = (0..6)
+        .map(|s| {
+            let id = (0..)
+                .map(|i| format!("h{i}"))
+                .find(|id| shard_of(id, 6) == s)
+                .unwrap();
+            (s, id)
+        })
+        .collect();
+    let due = now_ms() + 60_000;
+    enqueue_all(
+        &split.rt,
+        &split.p,
+        "job",
+        ids.iter().map(|(_, id)| (id.clone(), due)).collect(),
+    );
+    wait_until("all six held", || c.held() == 6);
+    let paused_at = split.pause();
+    let r = c.shutdown(Duration::from_millis(1_000));
+    assert!(
+        r.is_err(),
+        "the paused node's shard cannot have been handed back"
+    );
+    SplitCluster::wait_out(paused_at);
+    let client = redis::cluster::ClusterClient::new(split.urls.clone()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    for (shard, id) in &ids {
+        let queued: Option<f64> = redis::cmd("ZSCORE")
+            .arg(format!("{{handback:{shard}}}:due"))
+            .arg(id)
+            .query(&mut conn)
+            .unwrap();
+        if split.healthy.contains(shard) {
+            assert!(
+                queued.is_some(),
+                "shard {shard}'s task {id} was not handed back"
+            );
+        }
+    }
+}
+
+/// A claim that Redis refuses at once is retried with backoff even with `claim_margin` 0.
+/// (The backoff grew from `claim_margin`: from 0 it stayed 0, and each claim loop asked Redis
+/// again back to back, thousands of times a second.)
+#[test]
+fn a_failing_claim_backs_off_even_with_no_claim_margin() {
+    let Fixture { server, cfg, .. } = fixture("spin", |cfg| {
+        cfg.claim_margin = Duration::ZERO;
+        cfg.reaper_interval = Duration::from_secs(3_600);
+    });
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    // The queue's ZSET is a string: every claim fails at once (WRONGTYPE).
+    redis::cmd("SET")
+        .arg("{spin}:due")
+        .arg("not a zset")
+        .query::<()>(&mut conn)
+        .unwrap();
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(&mut conn)
+        .unwrap();
+    let c = Consumer::start(cfg, Handlers::new()).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    c.abort();
+    // Every script call, failed or not: `calls` and `rejected_calls` of EVAL and EVALSHA.
+    let calls: u64 = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_eval"))
+        .flat_map(|l| l.split([':', ',']))
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == "calls" || *k == "rejected_calls")
+        .map(|(_, v)| v.parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        calls >= 2,
+        "no claim was tried: the test shows nothing ({stats})"
+    );
+    assert!(
+        calls < 50,
+        "{calls} script calls in one second: the claims spin"
+    );
 }

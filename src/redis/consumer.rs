@@ -433,11 +433,20 @@ impl Consumer {
         // come back from its shutdown and are handed back to the queue too.
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
         let timer = self.timer.clone();
-        std::thread::spawn(move || {
-            let _ = done_tx.send(timer.shutdown());
-        });
-        match done_rx.recv_timeout(remaining(deadline)) {
-            Ok(undelivered) => {
+        let stopping = std::thread::Builder::new()
+            .name("delaywheel-queue-stop".into())
+            .spawn(move || {
+                let _ = done_tx.send(timer.shutdown());
+            });
+        let stopped = match stopping {
+            Ok(_) => done_rx.recv_timeout(remaining(deadline)).ok(),
+            Err(e) => {
+                tracing::error!(error = %e, "no thread to stop the timer on");
+                None
+            }
+        };
+        match stopped {
+            Some(undelivered) => {
                 let rest: Vec<_> = {
                     let mut held = self.shared.held.lock();
                     undelivered
@@ -453,7 +462,7 @@ impl Consumer {
                 given += g;
                 failure = failure.or(f);
             }
-            Err(_) => {
+            None => {
                 // Handlers that have not started by now must not start: their acks could no
                 // longer be sent, so they would run here and again after their lease. Those
                 // still running finish (a thread cannot be stopped); their leases expire too.
@@ -482,8 +491,10 @@ impl Consumer {
     }
 
     /// Hands claimed tasks `(shard, id, owner, due)` back to the queue, [`PER_CALL`] per
-    /// script call, each call given until `deadline` (at least [`GIVE_BACK_FLOOR`]). After a
-    /// failure it stops: the rest are returned by the reaper after their lease.
+    /// script call, each call given until `deadline` (at least [`GIVE_BACK_FLOOR`]). The shards
+    /// go at once, each on its own: after a failure a shard stops (its other tasks are returned
+    /// by a reaper after their lease), and the others go on. Returns how many were handed back,
+    /// and the first failure.
     fn give_back(
         &self,
         rt: &tokio::runtime::Runtime,
@@ -495,39 +506,43 @@ impl Consumer {
                 .into_iter()
                 .map(|(shard, id, owner, due)| (shard, (id, owner, due))),
         );
-        let (mut given, mut failure) = (0, None);
-        for (shard, tasks) in by_shard {
-            let keys = &self.shared.shards[shard as usize];
-            for chunk in tasks.chunks(PER_CALL) {
-                let mut inv = scripts::GIVE_BACK.prepare_invoke();
-                inv.key(keys.lease())
-                    .key(keys.owner())
-                    .key(keys.due())
-                    .arg(self.shared.cfg.channel())
-                    .arg(self.shared.cfg.notify_before())
-                    .arg(self.shared.cfg.wake_suffix(shard));
-                for (id, owner, due) in chunk {
-                    inv.arg(id.as_str()).arg(&**owner).arg(*due);
-                }
-                let conn = self.shared.conn.clone();
-                let left = remaining(deadline).max(GIVE_BACK_FLOOR);
-                let run = async move { tokio::time::timeout(left, conn.run::<u64>(&inv)).await };
-                match wait_on(rt, run) {
-                    Some(Ok(Ok(n))) => given += n as usize,
-                    Some(Ok(Err(e))) => failure = Some(e.into()),
-                    Some(Err(_)) => {
-                        failure = Some(StoreError::new(
-                            "redis did not answer before the shutdown timeout",
-                        ))
+        let calls = by_shard.into_iter().map(|(shard, tasks)| {
+            let shared = self.shared.clone();
+            async move {
+                let keys = &shared.shards[shard as usize];
+                let mut given = 0;
+                for chunk in tasks.chunks(PER_CALL) {
+                    let mut inv = scripts::GIVE_BACK.prepare_invoke();
+                    inv.key(keys.lease())
+                        .key(keys.owner())
+                        .key(keys.due())
+                        .arg(shared.cfg.channel())
+                        .arg(shared.cfg.notify_before())
+                        .arg(shared.cfg.wake_suffix(shard));
+                    for (id, owner, due) in chunk {
+                        inv.arg(id.as_str()).arg(&**owner).arg(*due);
                     }
-                    None => failure = Some(StoreError::new("the runtime stopped")),
+                    let left = remaining(deadline).max(GIVE_BACK_FLOOR);
+                    match tokio::time::timeout(left, shared.conn.run::<u64>(&inv)).await {
+                        Ok(Ok(n)) => given += n as usize,
+                        Ok(Err(e)) => return (given, Some(StoreError::from(e))),
+                        Err(_) => {
+                            let e = "redis did not answer before the shutdown timeout";
+                            return (given, Some(StoreError::new(e)));
+                        }
+                    }
                 }
-                if failure.is_some() {
-                    return (given, failure);
-                }
+                (given, None)
             }
+        });
+        match wait_on(rt, futures_util::future::join_all(calls)) {
+            Some(results) => results
+                .into_iter()
+                .fold((0, None), |(given, failure), (g, f)| {
+                    (given + g, failure.or(f))
+                }),
+            None => (0, Some(StoreError::new("the runtime stopped"))),
         }
-        (given, failure)
     }
 
     /// Stops at once, as a crash would: no hand-back, no acks sent, fired tasks not run, and
@@ -657,6 +672,8 @@ async fn claim_loop(
     let cfg = &shared.cfg;
     let (shard, wake) = (shared.claim_from[i], &shared.wakes[i]);
     let mut next = tokio::time::Instant::now();
+    // After a failed claim, not even a wake-up claims before this.
+    let mut not_before = next;
     let mut failures = 0u32;
     loop {
         tokio::select! {
@@ -669,7 +686,7 @@ async fn claim_loop(
                 let wait = Duration::from_millis(at_ms.saturating_sub(now_ms()));
                 // Any publisher may write to the channel: a far-off time is just ignored.
                 if let Some(at) = tokio::time::Instant::now().checked_add(wait) {
-                    next = next.min(at);
+                    next = next.min(at.max(not_before));
                 }
                 continue;
             }
@@ -694,7 +711,11 @@ async fn claim_loop(
         }
         failures = if failed { failures + 1 } else { 0 };
         let pause = if failed {
-            (cfg.claim_margin * 2u32.saturating_pow(failures.min(6))).min(cfg.reconcile)
+            // From `claim_margin` (at least the floor, or a Redis that fails at once would be
+            // asked again back to back), doubling, up to `reconcile`.
+            (cfg.claim_margin.max(CLAIM_RETRY_FLOOR) * 2u32.saturating_pow(failures.min(6)))
+                .min(cfg.reconcile)
+                .max(CLAIM_RETRY_FLOOR)
         } else if full && shared.held.lock().len() < cfg.max_held {
             Duration::ZERO
         } else {
@@ -704,8 +725,16 @@ async fn claim_loop(
             cfg.reconcile.mul_f64(0.8 + 0.2 * fastrand::f64())
         };
         next = tokio::time::Instant::now() + pause;
+        not_before = if failed {
+            next
+        } else {
+            tokio::time::Instant::now()
+        };
     }
 }
+
+/// The shortest wait before a claim that failed is tried again.
+const CLAIM_RETRY_FLOOR: Duration = Duration::from_millis(10);
 
 /// Room reserved in `held` for one claim, given back when the claim is done (by then what it
 /// took is in `held`).

@@ -383,10 +383,32 @@ pub(crate) struct Conn {
 impl Conn {
     /// Connects to `cfg.cluster_nodes` as a cluster when there are any, else to `cfg.url`.
     pub(crate) async fn open(cfg: &QueueConfig) -> Result<Conn, QueueError> {
-        Ok(Conn {
+        let conn = Conn {
             conn: Link::open(&cfg.url, &cfg.cluster_nodes).await?,
             commands: Arc::new(AtomicU64::new(0)),
-        })
+        };
+        conn.preload().await;
+        Ok(conn)
+    }
+
+    /// Loads every queue script on every node now, while they answer. Otherwise a script's
+    /// first call loads it, on all nodes at once (a cluster sends SCRIPT LOAD to every node),
+    /// and waits for any node that does not answer, also when the call is for another node's
+    /// shard: a consumer's first hand-back at shutdown, say, would wait on a hung node for
+    /// every shard. A failure is only logged: a script not loaded here loads on its first call.
+    async fn preload(&self) {
+        let loads = scripts::ALL.iter().map(|script| {
+            let mut conn = self.conn.clone();
+            async move { script.load_async(&mut conn).await }
+        });
+        self.count(scripts::ALL.len() as u64);
+        let failed = futures_util::future::join_all(loads)
+            .await
+            .into_iter()
+            .find_map(Result::err);
+        if let Some(e) = failed {
+            tracing::warn!(error = %e, "could not load the queue's scripts ahead; each loads on its first call");
+        }
     }
 
     /// Counts `n` commands about to be sent, in `commands` and in the metric.
