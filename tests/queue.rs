@@ -1677,3 +1677,64 @@ fn a_failing_claim_backs_off_even_with_no_claim_margin() {
         "{calls} script calls in one second: the claims spin"
     );
 }
+
+/// A shutdown whose timeout ends while a handler still runs hands back the fired tasks whose
+/// handlers had not started (queued behind it): they go back to the queue at once, not to the
+/// end of their lease. (They stayed leased, a lease late, each counted as an expiry.)
+#[test]
+fn a_shutdown_that_times_out_hands_back_tasks_waiting_for_a_handler() {
+    let Fixture { server, rt, cfg, p } = fixture("queued", |cfg| cfg.handler_threads = 1);
+    let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
+    let c = Consumer::start(
+        cfg,
+        Handlers::new().on("job", move |t| {
+            if t.id == "slow" {
+                let _ = started_tx.send(());
+                std::thread::sleep(Duration::from_secs(3));
+            }
+            Ok(())
+        }),
+    )
+    .unwrap();
+    let now = now_ms();
+    enqueue_all(&rt, &p, "job", vec![("slow".into(), now)]);
+    started
+        .recv_timeout(PATIENCE)
+        .expect("the slow handler ran");
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        vec![("q1".into(), now_ms()), ("q2".into(), now_ms())],
+    );
+    // Fired, and waiting for the one handler thread.
+    wait_until("the queued tasks fired", || {
+        c.held() == 2 && c.stats().claimed == 3
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        c.stats().fired,
+        1,
+        "a queued task ran: the test shows nothing"
+    );
+    let given = c.shutdown(Duration::from_millis(300)).unwrap();
+    assert_eq!(given, 2);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    for id in ["q1", "q2"] {
+        let queued: Option<f64> = redis::cmd("ZSCORE")
+            .arg("{queued}:due")
+            .arg(id)
+            .query(&mut conn)
+            .unwrap();
+        let leased: Option<f64> = redis::cmd("ZSCORE")
+            .arg("{queued}:lease")
+            .arg(id)
+            .query(&mut conn)
+            .unwrap();
+        assert!(
+            queued.is_some() && leased.is_none(),
+            "{id}: queued {queued:?}, leased {leased:?}"
+        );
+    }
+}

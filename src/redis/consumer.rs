@@ -465,13 +465,27 @@ impl Consumer {
             None => {
                 // Handlers that have not started by now must not start: their acks could no
                 // longer be sent, so they would run here and again after their lease. Those
-                // still running finish (a thread cannot be stopped); their leases expire too.
+                // still running finish (a thread cannot be stopped); their leases expire.
                 self.shared.aborted.store(true, SeqCst);
                 tracing::warn!(
                     consumer = %self.shared.id,
                     ?timeout,
                     "handlers still running at shutdown; their tasks' leases will expire"
-                )
+                );
+                // Fired tasks whose handlers had not started are still in `held` (a handler
+                // takes its entry out when it starts): handed back, not left to their lease.
+                // Whoever removes an entry owns it, so a handler starting meanwhile finds its
+                // entry gone and does nothing.
+                let waiting: Vec<_> = self
+                    .shared
+                    .held
+                    .lock()
+                    .drain()
+                    .map(|((shard, id), (_, owner, due))| (shard, id, owner, due))
+                    .collect();
+                let (g, f) = self.give_back(&rt, waiting, deadline);
+                given += g;
+                failure = failure.or(f);
             }
         }
         self.shared.counters.given_back.store(given as u64, Relaxed);
