@@ -695,7 +695,14 @@ impl<S: TaskStore> Persistent<S> {
     /// task stays in Redis and fires again after a restore).
     pub fn ack(&self, task: &Envelope) -> bool {
         let mut state = self.inner.state.lock();
-        let fired = |e: &Entry| e.timer.is_none() && *e.envelope == *task;
+        // The cheap fields first: a payload can be 64 KiB, compared under the lock.
+        let fired = |e: &Entry| {
+            let held = &*e.envelope;
+            e.timer.is_none()
+                && (held.due_at, held.created_at, held.attempt)
+                    == (task.due_at, task.created_at, task.attempt)
+                && held == task
+        };
         if self.inner.stopping.load(SeqCst) || !state.index.get(task.id.as_str()).is_some_and(fired)
         {
             return false;
