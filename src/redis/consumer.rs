@@ -382,8 +382,8 @@ impl Consumer {
     /// Stops claiming, hands every claimed task that has not fired back to the queue at once
     /// (another consumer fires it at its due time, without waiting for the lease), lets
     /// running and queued handlers finish within `timeout`, sends their acks, and stops. If
-    /// the timeout passes first, queued handlers are not started (their tasks fire elsewhere
-    /// after the lease), and the ones running finish on their own, unacknowledged: at-least-once,
+    /// the timeout passes first, queued handlers are not started (their tasks are handed back
+    /// too), and the ones running finish on their own, unacknowledged: at-least-once,
     /// they run again elsewhere after the lease. It returns within about `timeout` even while
     /// Redis hangs: each hand-back call (500 tasks) and the final acks get at least 100 ms,
     /// which a slow Redis and many held tasks can add to it. Returns how many tasks were

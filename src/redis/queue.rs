@@ -373,6 +373,9 @@ pub struct DeadTask {
     pub raw: String,
 }
 
+/// How long connecting waits for the scripts to load on every node.
+const PRELOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Redis connection shared by the producer and consumer sides, counting the commands it sends.
 #[derive(Clone)]
 pub(crate) struct Conn {
@@ -402,10 +405,16 @@ impl Conn {
             async move { script.load_async(&mut conn).await }
         });
         self.count(scripts::ALL.len() as u64);
-        let failed = futures_util::future::join_all(loads)
-            .await
-            .into_iter()
-            .find_map(Result::err);
+        // Not for long: a node that does not answer must not hold up the start.
+        let loaded =
+            tokio::time::timeout(PRELOAD_TIMEOUT, futures_util::future::join_all(loads)).await;
+        let failed = match loaded {
+            Ok(results) => results
+                .into_iter()
+                .find_map(Result::err)
+                .map(|e| e.to_string()),
+            Err(_) => Some(format!("no answer within {PRELOAD_TIMEOUT:?}")),
+        };
         if let Some(e) = failed {
             tracing::warn!(error = %e, "could not load the queue's scripts ahead; each loads on its first call");
         }

@@ -278,12 +278,12 @@ return 1
     )
 });
 
-/// The tests' private `redis-server` (shared with the integration tests).
 /// Every script, for loading them all ahead of their first calls.
 pub(crate) static ALL: [&LazyLock<Script>; 10] = [
     &ENQUEUE, &CANCEL, &CLAIM, &RENEW, &ACK, &RETRY, &DEAD, &GIVE_BACK, &REAP, &REQUEUE,
 ];
 
+/// The tests' private `redis-server` (shared with the integration tests).
 #[cfg(test)]
 #[path = "../../tests/support/redis_server.rs"]
 #[allow(unreachable_pub, dead_code)]

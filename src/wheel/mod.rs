@@ -543,7 +543,13 @@ impl<T> Wheel<T> {
                 &mut self.ready
             }
             Loc::Overflow => {
-                self.overflow_min = self.overflow_min.min(deadline);
+                // The first one sets it: a minimum left from timers that have all gone would
+                // name a tick long past in `next_deadline`.
+                self.overflow_min = if self.overflow.is_empty() {
+                    deadline
+                } else {
+                    self.overflow_min.min(deadline)
+                };
                 &mut self.overflow
             }
         };
@@ -596,10 +602,7 @@ impl<T> Wheel<T> {
         if list.is_empty() {
             match loc {
                 Loc::Slot { level, slot } => self.clear_occupied(level, slot),
-                // Else a later overflow insert would take the stale minimum with its own,
-                // and `next_deadline` would name a tick long gone.
-                Loc::Overflow => self.overflow_min = u64::MAX,
-                Loc::Ready => {}
+                Loc::Ready | Loc::Overflow => {}
             }
         }
         if self.ready.is_empty() {
