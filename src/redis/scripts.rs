@@ -321,6 +321,16 @@ mod tests {
     }
 
     /// The claim script's reply for everything due, leased to consumer `c` for `lease_ms`.
+    /// The dead-letter record of `id`, decoded.
+    fn dead_record(conn: &mut redis::Connection, k: &KeyLayout, id: &str) -> serde_json::Value {
+        let record: String = redis::cmd("HGET")
+            .arg(k.dead())
+            .arg(id)
+            .query(conn)
+            .unwrap();
+        serde_json::from_str(&record).unwrap()
+    }
+
     fn claim_reply(conn: &mut redis::Connection, k: &KeyLayout, lease_ms: u64) -> Vec<String> {
         CLAIM
             .key(k.due())
@@ -375,12 +385,7 @@ mod tests {
             "an id with no envelope was leased"
         );
         assert_eq!(dead.len(), 2);
-        let record: String = redis::cmd("HGET")
-            .arg(k.dead())
-            .arg("none")
-            .query(&mut conn)
-            .unwrap();
-        let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+        let record = dead_record(&mut conn, &k, "none");
         assert_eq!(record["reason"], "no envelope in the tasks hash");
         // The id enqueued again now is a task like any other.
         let envelope =
@@ -452,12 +457,7 @@ mod tests {
             .query::<()>(&mut conn)
             .unwrap();
         assert_eq!(reap(&mut conn, &k, 3), (0, 1));
-        let record: String = redis::cmd("HGET")
-            .arg(k.dead())
-            .arg("crash")
-            .query(&mut conn)
-            .unwrap();
-        let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+        let record = dead_record(&mut conn, &k, "crash");
         assert_eq!(
             record["reason"],
             "lease expired 3 times: its consumer crashed or stalled each time"

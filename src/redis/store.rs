@@ -422,27 +422,16 @@ impl RedisStore {
         if unreadable.is_empty() {
             return Ok(rows);
         }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        let mut hset = redis::cmd("HSET");
-        hset.arg(self.keys.dead());
-        for u in &unreadable {
-            let record = dead_record("the id is not UTF-8", u.envelope.as_deref(), now_ms);
-            hset.arg(u.member.as_slice()).arg(record);
-            tracing::warn!(id = %String::from_utf8_lossy(&u.member), "task dead-lettered: the id is not UTF-8");
-        }
-        let members: Vec<&[u8]> = unreadable.iter().map(|u| u.member.as_slice()).collect();
-        pipe.add_command(hset).ignore();
-        pipe.cmd("ZREM").arg(self.keys.due()).arg(&members).ignore();
-        pipe.cmd("HDEL")
-            .arg(self.keys.tasks())
-            .arg(&members)
-            .ignore();
-        let mut conn = self.conn.clone();
-        pipe.query_async::<()>(&mut conn).await?;
+        let now_ms = super::persistent::now_ms();
+        let entries: Vec<(&[u8], String)> = unreadable
+            .iter()
+            .map(|u| {
+                tracing::warn!(id = %String::from_utf8_lossy(&u.member), "task dead-lettered: the id is not UTF-8");
+                let record = dead_record("the id is not UTF-8", u.envelope.as_deref(), now_ms);
+                (u.member.as_slice(), record)
+            })
+            .collect();
+        self.bury(&entries).await?;
         rows.set_aside = unreadable.len();
         Ok(rows)
     }
@@ -509,20 +498,34 @@ impl RedisStore {
         if broken.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        let entries: Vec<(&[u8], String)> = broken
+            .iter()
+            .map(|b| {
+                tracing::warn!(id = %b.id, reason = %b.reason, "task dead-lettered");
+                let record = dead_record(&b.reason.to_string(), b.raw.as_deref(), now_ms);
+                (b.id.as_bytes(), record)
+            })
+            .collect();
+        self.bury(&entries).await
+    }
+
+    /// Moves `entries` (a member, its dead record) to the dead-letter hash and out of the live
+    /// keys, in one transaction.
+    async fn bury(&self, entries: &[(&[u8], String)]) -> Result<(), StoreError> {
         let mut hset = redis::cmd("HSET");
         hset.arg(self.keys.dead());
-        let mut ids = Vec::with_capacity(broken.len());
-        for b in broken {
-            let record = dead_record(&b.reason.to_string(), b.raw.as_deref(), now_ms);
-            hset.arg(b.id.as_str()).arg(record);
-            ids.push(b.id.as_str());
-            tracing::warn!(id = %b.id, reason = %b.reason, "task dead-lettered");
+        for (member, record) in entries {
+            hset.arg(*member).arg(record.as_str());
         }
+        let members: Vec<&[u8]> = entries.iter().map(|(member, _)| *member).collect();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
         pipe.add_command(hset).ignore();
-        pipe.cmd("ZREM").arg(self.keys.due()).arg(&ids).ignore();
-        pipe.cmd("HDEL").arg(self.keys.tasks()).arg(&ids).ignore();
+        pipe.cmd("ZREM").arg(self.keys.due()).arg(&members).ignore();
+        pipe.cmd("HDEL")
+            .arg(self.keys.tasks())
+            .arg(&members)
+            .ignore();
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
         Ok(())
