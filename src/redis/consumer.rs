@@ -739,11 +739,10 @@ async fn claim_loop(
             cfg.reconcile.mul_f64(0.8 + 0.2 * fastrand::f64())
         };
         next = tokio::time::Instant::now() + pause;
-        not_before = if failed {
-            next
-        } else {
-            tokio::time::Instant::now()
-        };
+        if failed {
+            // (After a success it is already past.)
+            not_before = next;
+        }
     }
 }
 

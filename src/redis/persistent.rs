@@ -316,6 +316,12 @@ impl State {
         }
     }
 
+    /// No restore has completed, and none runs that could: a snapshot now would delete the
+    /// rows a previous process left.
+    fn unrestored(&self) -> bool {
+        !self.restored && self.restoring == 0
+    }
+
     /// Whether a restore must leave `id` alone: held, or [`left`](Self::left).
     fn changed(&self, id: &str) -> bool {
         self.index.contains_key(id) || self.left(id)
@@ -901,7 +907,7 @@ impl<S: TaskStore> Persistent<S> {
     pub fn snapshot(&self, timeout: Duration) -> Option<usize> {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
-        if !state.restored && state.restoring == 0 {
+        if state.unrestored() {
             tracing::warn!("snapshot refused: no restore has completed");
             return None;
         }
@@ -910,7 +916,7 @@ impl<S: TaskStore> Persistent<S> {
         let after = state.journal.snapshot_rounds;
         self.inner.kick(&mut state.journal);
         while state.journal.snapshot_ok <= after {
-            if !state.restored && state.restoring == 0 {
+            if state.unrestored() {
                 // The restore it waited for failed: refused, as if none had run (it is taken
                 // once a restore completes).
                 return None;
