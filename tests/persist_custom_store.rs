@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
     now_ms, Broken, Durability, Envelope, Op, PersistConfig, PersistError, Persistent, Row, Rows,
@@ -48,6 +48,8 @@ struct MemStore {
     /// `replace_all` fails while it is set (a snapshot the store refuses while it takes
     /// writes: no memory for the scratch copy, say).
     snapshots_fail: Arc<AtomicBool>,
+    /// `replace_all` calls.
+    snapshot_calls: Arc<AtomicUsize>,
     /// `replace_all` waits while it is set, counting the calls that wait.
     snapshot_paused: Arc<AtomicBool>,
     snapshot_waiting: Arc<AtomicUsize>,
@@ -196,6 +198,7 @@ impl TaskStore for MemStore {
 
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.maybe_panic();
+        self.snapshot_calls.fetch_add(1, SeqCst);
         let (this, tasks) = (self.clone(), tasks.to_vec());
         async move {
             if this.snapshot_paused.load(SeqCst) {
@@ -1064,6 +1067,40 @@ fn a_snapshot_that_keeps_failing_does_not_stop_the_journal() {
     assert_eq!(store.ids().len(), 1_000);
     store.snapshots_fail.store(false, SeqCst);
     assert_eq!(p.snapshot(PATIENCE), Some(1_000));
+    p.shutdown();
+}
+
+/// A snapshot the store keeps refusing, while it takes the journal's writes, is tried again
+/// with a backoff of its own. (A journal round that succeeded reset the backoff, so a whole
+/// copy of the pending set was taken under the engine's lock and sent every other round.)
+#[test]
+fn a_snapshot_that_keeps_failing_backs_off_while_the_journal_flows() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_millis(5);
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    p.restore(100).unwrap(); // snapshots need a completed restore
+    store.snapshots_fail.store(true, SeqCst);
+    assert_eq!(p.snapshot(Duration::from_millis(10)), None);
+    let far = now_ms() + 3_600_000;
+    let start = Instant::now();
+    let mut i = 0;
+    // Two seconds of writes, each flushed: the journal rounds all succeed.
+    while start.elapsed() < Duration::from_secs(2) {
+        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+        assert!(p.flush(PATIENCE));
+        i += 1;
+    }
+    assert_eq!(store.ids().len(), i);
+    // Doubling from 20 ms: attempts at about 0, 20, 60, 140, 300, 620 and 1260 ms.
+    let attempts = store.snapshot_calls.load(SeqCst);
+    assert!(
+        (2..=10).contains(&attempts),
+        "{attempts} snapshot attempts in 2 s"
+    );
+    store.snapshots_fail.store(false, SeqCst);
+    assert_eq!(p.snapshot(PATIENCE), Some(i));
     p.shutdown();
 }
 

@@ -296,3 +296,65 @@ fn check_counts_exactly_what_encode_writes() {
         );
     }
 }
+
+/// A snapshot Redis refuses for want of memory deletes its scratch copy: left there, the copy
+/// would hold the memory, and every later journal write would be refused too.
+#[tokio::test]
+async fn a_snapshot_refused_for_want_of_memory_leaves_no_scratch_copy() {
+    let server = RedisServer::start_in_memory();
+    let store = connect(&server, "oom").await;
+    let pad = "x".repeat(1_000);
+    let ops: Vec<Op> = (0..20_000)
+        .map(|i| {
+            let mut e = envelope(&format!("t{i}"), 1_800_000_000_000 + i);
+            e.payload = serde_json::json!(pad);
+            upsert(&e)
+        })
+        .collect();
+    store.apply(&ops).await.unwrap();
+    let mut conn = raw(&server.url()).await;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Room for a few MB more: far less than a second copy of the ~25 MB set.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used + 4_000_000)
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(store.replace_all(&ops).await.is_err(), "the copy fit");
+    let scratch: i64 = redis::cmd("EXISTS")
+        .arg("{oom}:due:snapshot")
+        .arg("{oom}:tasks:snapshot")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        scratch, 0,
+        "the failed snapshot's scratch keys are still there"
+    );
+    // The journal's writes still go through, and the live set is untouched.
+    store
+        .apply(&[upsert(&envelope("late", 1_900_000_000_000))])
+        .await
+        .unwrap();
+    let live: i64 = redis::cmd("ZCARD")
+        .arg("{oom}:due")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(live, 20_001);
+}

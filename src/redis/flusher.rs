@@ -191,6 +191,11 @@ fn upsert_op(envelope: &Envelope) -> Option<Op> {
     }
 }
 
+/// The first wait before a failed snapshot is tried again (or the flush interval, if longer);
+/// it doubles with each failure, up to [`SNAPSHOT_RETRY_MAX`].
+const SNAPSHOT_RETRY_MIN: Duration = Duration::from_millis(20);
+const SNAPSHOT_RETRY_MAX: Duration = Duration::from_secs(10);
+
 /// What one flusher round writes.
 enum Round {
     /// The journaled changes, when the oldest of them was made, and whether they are the
@@ -205,9 +210,10 @@ enum Round {
 
 /// Takes the next round's work out of the journal (and, for a snapshot, the index). While the
 /// store is `down`, a round is a probe of one batch: a failure then puts back one batch under
-/// the lock, not the whole journal (a stall for every producer, once per retry). After a
-/// snapshot `failed`, a wanted snapshot waits a round: the journal goes first.
-fn take_round(inner: &Inner, down: bool, failed: bool) -> Round {
+/// the lock, not the whole journal (a stall for every producer, once per retry). A wanted
+/// snapshot waits while `hold_snapshot` (after a failed one: the journal goes first, and the
+/// snapshot's own backoff runs).
+fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
     let anchor = inner.cfg.clock.anchor();
     let mut state = inner.state.lock();
     state.anchor = anchor;
@@ -225,7 +231,7 @@ fn take_round(inner: &Inner, down: bool, failed: bool) -> Round {
     }
     // Not while a restore runs, nor before one has completed: the snapshot would write a
     // partly loaded set over the rows not read yet.
-    if journal.snapshot_wanted && *restoring == 0 && *restored && !failed {
+    if journal.snapshot_wanted && *restoring == 0 && *restored && !hold_snapshot {
         journal.snapshot_wanted = false;
         journal.snapshot_rounds += 1;
         let all = index
@@ -384,12 +390,19 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
     // The last round was a snapshot that failed: the next one is a journal round, whole
     // unless journal writes fail too (a store may refuse snapshots and take writes).
     let mut snapshot_failed = false;
+    // Failed snapshots back off on their own clock: journal rounds that succeed in between
+    // (a store short of memory for the scratch copy still takes writes) do not reset it, or
+    // a whole copy of the pending set would be taken and sent every other round.
+    let mut snapshot_backoff = SNAPSHOT_RETRY_MIN.max(inner.cfg.flush_interval);
+    let mut snapshot_not_before: Option<Instant> = None;
     loop {
         let stopping = inner.stopping.load(SeqCst);
         // The final round takes everything, whatever the state of the store.
         let probe = journal_down && !stopping;
         let mut whole = true;
-        let round = take_round(inner, probe, std::mem::take(&mut snapshot_failed));
+        let hold_snapshot = std::mem::take(&mut snapshot_failed)
+            || snapshot_not_before.is_some_and(|t| Instant::now() < t);
+        let round = take_round(inner, probe, hold_snapshot);
         let mut snapshot_round = None;
         let (result, written) = match round {
             Round::Journal(changes, oldest, all) => {
@@ -463,8 +476,15 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                 snapshot_round = Some(number);
                 let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
                 match rt.block_on(guarded("snapshot", async { store.replace_all(&ops).await })) {
-                    Ok(()) => (Ok(()), Some(ops.len())),
+                    Ok(()) => {
+                        snapshot_backoff = SNAPSHOT_RETRY_MIN.max(inner.cfg.flush_interval);
+                        snapshot_not_before = None;
+                        (Ok(()), Some(ops.len()))
+                    }
                     Err(e) => {
+                        snapshot_not_before = Some(Instant::now() + snapshot_backoff);
+                        snapshot_backoff =
+                            snapshot_backoff.saturating_mul(2).min(SNAPSHOT_RETRY_MAX);
                         // The store is as it was: the changes the snapshot took are still to be
                         // written, by the next round (a journal round: a store may refuse
                         // snapshots and take writes) or by the snapshot tried again after it.
@@ -516,18 +536,24 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             break;
         }
         let mut state = inner.state.lock();
+        // A wanted snapshot held back by its own backoff is tried when that ends, even if
+        // the next round is further off.
+        let mut wait = backoff;
+        if let Some(t) = snapshot_not_before.filter(|_| state.journal.snapshot_wanted) {
+            wait = wait.min(t.saturating_duration_since(Instant::now()));
+        }
         if down_since.is_some() {
             // Backing off: a kick (a `flush` or WriteThrough caller waiting, which kicks after
             // every round) does not cut the wait short, or a waiting caller would make the
             // retries run back to back against a store that is down. Shutdown does.
-            let until = Instant::now() + backoff;
+            let until = Instant::now() + wait;
             while !inner.stopping.load(SeqCst) {
                 if inner.kick.wait_until(&mut state, until).timed_out() {
                     break;
                 }
             }
         } else if !inner.stopping.load(SeqCst) && !state.journal.kicked {
-            inner.kick.wait_for(&mut state, backoff);
+            inner.kick.wait_for(&mut state, wait);
         }
         state.journal.kicked = false;
     }

@@ -536,20 +536,44 @@ impl RedisStore {
     /// same hash tag, then swaps those in with one MULTI (DEL + RENAME), so readers see the old
     /// set or the new one. One engine per namespace: two concurrent snapshots of the same
     /// namespace would share the scratch keys.
+    ///
+    /// A snapshot that fails part-way deletes its scratch keys before returning the error
+    /// (best effort: with Redis unreachable they stay until the next snapshot's first
+    /// command), so that a copy refused for want of memory does not keep holding that memory
+    /// and make the journal's writes fail too.
     pub async fn replace_all(&self, tasks: &[Op]) -> Result<(), StoreError> {
         let scratch_due = format!("{}:snapshot", self.keys.due());
         let scratch_tasks = format!("{}:snapshot", self.keys.tasks());
         let mut conn = self.conn.clone();
-        redis::cmd("DEL")
+        let drop_scratch = redis::cmd("DEL")
             .arg(&scratch_due)
             .arg(&scratch_tasks)
-            .query_async::<()>(&mut conn)
-            .await?;
+            .to_owned();
+        drop_scratch.query_async::<()>(&mut conn).await?;
+        let result = self
+            .fill_and_swap(tasks, &scratch_due, &scratch_tasks)
+            .await;
+        if result.is_err() {
+            if let Err(e) = drop_scratch.query_async::<()>(&mut conn).await {
+                tracing::warn!(error = %e, "could not delete a failed snapshot's scratch keys");
+            }
+        }
+        result
+    }
+
+    /// `replace_all` after its scratch keys were emptied: fills them, then swaps them in.
+    async fn fill_and_swap(
+        &self,
+        tasks: &[Op],
+        scratch_due: &str,
+        scratch_tasks: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
         let mut written = 0usize;
         for chunk in tasks.chunks(1_000) {
             let (mut zadd, mut hset) = (redis::cmd("ZADD"), redis::cmd("HSET"));
-            zadd.arg(&scratch_due);
-            hset.arg(&scratch_tasks);
+            zadd.arg(scratch_due);
+            hset.arg(scratch_tasks);
             let mut n = 0;
             for op in chunk {
                 if let Op::Upsert {
@@ -582,8 +606,8 @@ impl RedisStore {
         // Both scratch keys must still be there (a MULTI would not roll a failed RENAME back,
         // and the live set would be half replaced); RENAME replaces each live key at once.
         let swapped: i64 = SWAP_IN
-            .key(&scratch_due)
-            .key(&scratch_tasks)
+            .key(scratch_due)
+            .key(scratch_tasks)
             .key(self.keys.due())
             .key(self.keys.tasks())
             .invoke_async(&mut conn)
