@@ -1,6 +1,10 @@
-//! A task enqueued 50 ms (notified) or 100 ms (notification dropped) ahead while every consumer
-//! idles fires within 10 ms of its due time. Timed, so in a binary of its own: the other
-//! queue tests would compete for the two cores.
+//! A task enqueued shortly ahead while every consumer idles is claimed in time by the wake-up
+//! its producer publishes, or, when that notification is lost, by the next bounded reconcile
+//! claim, and not by a claim a whole reconcile interval later. The bounds are wide (seconds,
+//! against the milliseconds it takes on an idle machine): what fails is a missing wake-up or a
+//! reconcile interval not honoured, not a slow machine. The precision itself is measured by
+//! `examples/vs_polling.rs`. In a binary of its own: the other queue tests would compete for
+//! the two cores.
 #![cfg(feature = "redis")]
 
 #[path = "support/queue_kit.rs"]
@@ -50,13 +54,22 @@ fn wake_lateness_ms(notify: bool, reconcile: Duration, lead_ms: u64, ns: &str) -
 }
 
 #[test]
-fn a_task_enqueued_ahead_fires_within_10ms_notified_or_not() {
-    // Notified: the reconcile interval (10 s) cannot be what claims it.
+fn a_task_enqueued_ahead_is_claimed_by_the_wake_up_or_the_next_reconcile() {
+    // Notified: the next reconcile claim is 10 s after the consumers started, and the five
+    // tasks are all due within about 1.5 s of it, so without the wake-up each would be at
+    // least 8 s late.
     let notified = wake_lateness_ms(true, Duration::from_secs(10), 50, "wake");
-    assert!(notified[2] <= 10.0, "median lateness {notified:?} ms");
-    // The notification dropped on purpose (the producer does not publish): the bounded
-    // reconcile claim (every 30 ms, well within the 100 ms notice: a claim that starts as
-    // late as it can still has 70 ms for its round trip) claims it in time.
-    let lost = wake_lateness_ms(false, Duration::from_millis(30), 100, "lost");
-    assert!(lost[2] <= 10.0, "median lateness {lost:?} ms");
+    assert!(
+        notified[4] < 4_000.0,
+        "lateness {notified:?} ms: the wake-up did not claim the tasks"
+    );
+    // The notification dropped on purpose (the producer does not publish): the reconcile
+    // claim runs every 200 ms, well within the 1 s notice, so it claims each task before it
+    // is due and it fires on time. Without reconcile claims nothing would claim it at all
+    // (the wait for it fails).
+    let lost = wake_lateness_ms(false, Duration::from_millis(200), 1_000, "lost");
+    assert!(
+        lost[4] < 1_000.0,
+        "lateness {lost:?} ms: the reconcile interval was not honoured"
+    );
 }
