@@ -122,6 +122,14 @@ impl<T> Sink<T> {
         Ok(())
     }
 
+    /// The callback pool's worker threads (none for the other deliveries).
+    pub(crate) fn worker_ids(&self) -> Vec<std::thread::ThreadId> {
+        match self {
+            Sink::Pool { workers, .. } => workers.iter().map(|w| w.thread().id()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Closes the queue and waits for pool workers to finish what was queued.
     pub(crate) fn close(self) {
         match self {

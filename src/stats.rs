@@ -18,11 +18,16 @@ pub struct Stats {
     pub cancelled: u64,
     /// Successful resets.
     pub reset: u64,
-    /// Timers taken out of the wheel because they were due.
+    /// Timers taken out of the wheel because they were due (delivered or not).
     pub fired: u64,
-    /// Lateness of fired timers: the time each was handed to the delivery − its deadline
-    /// (rounded up to the tick). Read as each is handed over, before its own send: a full
-    /// channel or queue that held up earlier timers of the same turn makes it late too.
+    /// Fired timers that could not be handed to the delivery: its receiving side was gone,
+    /// or a bounded queue was still full at shutdown. [`shutdown`](crate::Timer::shutdown)
+    /// hands them back.
+    pub undelivered: u64,
+    /// Lateness of the fired timers handed to the delivery: the time each was handed over −
+    /// its deadline (rounded up to the tick). Read as each is handed over, before its own
+    /// send: a full channel or queue that held up earlier timers of the same turn makes it
+    /// late too.
     pub lateness: Lateness,
 }
 
@@ -80,20 +85,35 @@ impl LatenessHistogram {
     }
 }
 
-/// Publishes a snapshot through the `metrics` facade (a no-op without a recorder).
-pub(crate) fn publish(stats: &Stats) {
-    metrics::gauge!("delaywheel_pending").set(stats.pending() as f64);
+/// Publishes a snapshot through the `metrics` facade (a no-op without a recorder), every series
+/// labelled with the engine's name, so that engines in one process do not overwrite each other.
+pub(crate) fn publish(engine: &str, stats: &Stats) {
+    let engine = engine.to_owned();
+    metrics::gauge!("delaywheel_pending", "engine" => engine.clone()).set(stats.pending() as f64);
     for (shard, &n) in stats.pending_per_shard.iter().enumerate() {
-        metrics::gauge!("delaywheel_pending_shard", "shard" => shard.to_string()).set(n as f64);
+        metrics::gauge!("delaywheel_pending_shard", "engine" => engine.clone(), "shard" => shard.to_string())
+            .set(n as f64);
     }
     for (level, &n) in stats.pending_per_level.iter().enumerate() {
-        metrics::gauge!("delaywheel_pending_level", "level" => level.to_string()).set(n as f64);
+        metrics::gauge!("delaywheel_pending_level", "engine" => engine.clone(), "level" => level.to_string())
+            .set(n as f64);
     }
-    metrics::counter!("delaywheel_scheduled_total").absolute(stats.scheduled);
-    metrics::counter!("delaywheel_cancelled_total").absolute(stats.cancelled);
-    metrics::counter!("delaywheel_reset_total").absolute(stats.reset);
-    metrics::counter!("delaywheel_fired_total").absolute(stats.fired);
-    metrics::gauge!("delaywheel_lateness_p50_seconds").set(stats.lateness.p50.as_secs_f64());
-    metrics::gauge!("delaywheel_lateness_p99_seconds").set(stats.lateness.p99.as_secs_f64());
-    metrics::gauge!("delaywheel_lateness_max_seconds").set(stats.lateness.max.as_secs_f64());
+    let counters = [
+        ("delaywheel_scheduled_total", stats.scheduled),
+        ("delaywheel_cancelled_total", stats.cancelled),
+        ("delaywheel_reset_total", stats.reset),
+        ("delaywheel_fired_total", stats.fired),
+        ("delaywheel_undelivered_total", stats.undelivered),
+    ];
+    for (name, value) in counters {
+        metrics::counter!(name, "engine" => engine.clone()).absolute(value);
+    }
+    let lateness = [
+        ("delaywheel_lateness_p50_seconds", stats.lateness.p50),
+        ("delaywheel_lateness_p99_seconds", stats.lateness.p99),
+        ("delaywheel_lateness_max_seconds", stats.lateness.max),
+    ];
+    for (name, value) in lateness {
+        metrics::gauge!(name, "engine" => engine.clone()).set(value.as_secs_f64());
+    }
 }

@@ -22,12 +22,12 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
-use std::thread::{JoinHandle, Thread};
+use std::thread::{JoinHandle, Thread, ThreadId};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use crossbeam_utils::CachePadded;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::clock::{Clock, ManualClock, Ticks};
 use crate::delivery::Sink;
@@ -78,6 +78,8 @@ pub struct Pending<T> {
 pub(crate) struct Core<T> {
     /// Distinguishes this engine's ids from another engine's.
     engine: u32,
+    /// The `engine` label of its metrics (see [`TimerBuilder::name`]).
+    name: Arc<str>,
     shards: Box<[Shard<T>]>,
     ticks: Ticks,
     clock: Clock,
@@ -92,6 +94,8 @@ pub(crate) struct Core<T> {
     stopped: AtomicBool,
     sink: Mutex<Option<Sink<T>>>,
     undelivered: Mutex<Vec<Expiration<T>>>,
+    /// Expirations that could not be handed over, ever (`undelivered` is emptied by stops).
+    undelivered_total: AtomicU64,
     lateness: Mutex<LatenessHistogram>,
     lateness_warn: Duration,
     next_shard: AtomicUsize,
@@ -290,13 +294,6 @@ impl<T> Core<T> {
             let now = self.clock.now();
             let deadline = self.ticks.instant_of(e.deadline).unwrap_or(now);
             let late = now.saturating_duration_since(deadline);
-            // Locked per record, not across the loop: a delivery blocked by backpressure must
-            // not block `stats()`.
-            self.lateness.lock().record(late);
-            if late > self.lateness_warn {
-                late_count += 1;
-                latest = latest.max(late);
-            }
             let exp = Expiration {
                 id: TimerId {
                     engine: self.engine,
@@ -310,7 +307,17 @@ impl<T> Core<T> {
                 Some(sink) => sink.deliver(exp, || self.stopping.load(SeqCst)),
                 None => Err(exp),
             };
+            if result.is_ok() {
+                // Locked per record, not across the loop: a delivery blocked by backpressure
+                // must not block `stats()`.
+                self.lateness.lock().record(late);
+                if late > self.lateness_warn {
+                    late_count += 1;
+                    latest = latest.max(late);
+                }
+            }
             if let Err(exp) = result {
+                self.undelivered_total.fetch_add(1, SeqCst);
                 let mut undelivered = self.undelivered.lock();
                 if undelivered.is_empty() && !self.stopping.load(SeqCst) {
                     // Kept for `shutdown` to hand back, so they pile up until then.
@@ -382,6 +389,13 @@ fn drive<T>(core: Arc<Core<T>>) {
 struct Handle<T> {
     core: Arc<Core<T>>,
     driver: Mutex<Option<JoinHandle<()>>>,
+    /// Set once a stop has closed the delivery (joined the callback workers): a stop that
+    /// finds the sink taken by another waits for it, as `shutdown` promises.
+    closed: Mutex<bool>,
+    closed_cv: Condvar,
+    /// The callback pool's threads: a stop called from one of them must not wait for the
+    /// close, which joins it.
+    workers: Vec<ThreadId>,
 }
 
 impl<T> Handle<T> {
@@ -419,6 +433,16 @@ impl<T> Handle<T> {
         };
         if let Some(sink) = sink {
             sink.close();
+            *self.closed.lock() = true;
+            self.closed_cv.notify_all();
+        } else if !self.workers.contains(&std::thread::current().id()) {
+            // Another stop took the sink and is closing it (joining the workers): this one
+            // returns once that is done. (From a worker, it returns at once: the close is
+            // waiting for this very thread.)
+            let mut closed = self.closed.lock();
+            while !*closed {
+                self.closed_cv.wait(&mut closed);
+            }
         }
         out
     }
@@ -522,6 +546,7 @@ impl<T: Send + 'static> Timer<T> {
             clock: Clock::Monotonic,
             lateness_warn: Duration::from_millis(10),
             spawn_driver: true,
+            name: None,
             _t: PhantomData,
         }
     }
@@ -614,6 +639,7 @@ impl<T> Timer<T> {
             cancelled: 0,
             reset: 0,
             fired: 0,
+            undelivered: self.core.undelivered_total.load(SeqCst),
             lateness: self.core.lateness.lock().snapshot(),
         };
         for shard in self.core.shards.iter() {
@@ -629,7 +655,7 @@ impl<T> Timer<T> {
             stats.reset += s.reset;
             stats.fired += s.fired;
         }
-        publish(&stats);
+        publish(&self.core.name, &stats);
         stats
     }
 
@@ -642,7 +668,12 @@ impl<T> Timer<T> {
     /// worker's queue, which runs after the callback returns. Called from the driver thread
     /// itself (a waker run by a `Sleeper`'s or a stream's delivery), it returns at once, and
     /// the turn in progress delivers the rest of what it had collected; what it cannot hand
-    /// over waits for the next call (or is dropped with the engine, with a warning).
+    /// over waits for the next call (or is dropped with the engine, with a warning). A call
+    /// made while another is still waiting for the callback workers waits for them too.
+    ///
+    /// Two engines whose deliveries each call the other's `shutdown` (a callback or waker of
+    /// one stopping the other, both at once) wait for each other's driver for ever: stop
+    /// another engine from a delivery only if that engine's deliveries never stop this one.
     pub fn shutdown(&self) -> Vec<Pending<T>> {
         self.handle.stop()
     }
@@ -656,6 +687,7 @@ pub struct TimerBuilder<T> {
     clock: Clock,
     lateness_warn: Duration,
     spawn_driver: bool,
+    name: Option<Arc<str>>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -667,6 +699,7 @@ impl<T> fmt::Debug for TimerBuilder<T> {
             .field("layout", &self.layout)
             .field("clock", &self.clock)
             .field("spawn_driver", &self.spawn_driver)
+            .field("name", &self.name)
             .finish()
     }
 }
@@ -703,6 +736,14 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// Delivery later than this logs a `tracing` warning (default 10 ms).
     pub fn lateness_warning(mut self, threshold: Duration) -> Self {
         self.lateness_warn = threshold;
+        self
+    }
+
+    /// The value of the `engine` label on this engine's metrics (default: a number unique
+    /// within the process), so that several engines in one process publish separate series
+    /// rather than overwriting each other's. Any string is accepted.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(Arc::from(name.into()));
         self
     }
 
@@ -767,8 +808,10 @@ impl<T: Send + 'static> TimerBuilder<T> {
         self.validate()?;
         let origin = self.clock.now();
         static ENGINES: AtomicU32 = AtomicU32::new(0);
+        let engine = ENGINES.fetch_add(1, SeqCst);
         let core = Arc::new(Core {
-            engine: ENGINES.fetch_add(1, SeqCst),
+            engine,
+            name: self.name.unwrap_or_else(|| Arc::from(engine.to_string())),
             shards: (0..self.shards).map(|_| new_shard(self.layout)).collect(),
             ticks: Ticks::new(origin, self.tick),
             clock: self.clock.clone(),
@@ -779,6 +822,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
             stopped: AtomicBool::new(false),
             sink: Mutex::new(Some(sink)),
             undelivered: Mutex::new(Vec::new()),
+            undelivered_total: AtomicU64::new(0),
             lateness: Mutex::new(LatenessHistogram::new()),
             lateness_warn: self.lateness_warn,
             next_shard: AtomicUsize::new(0),
@@ -801,9 +845,17 @@ impl<T: Send + 'static> TimerBuilder<T> {
             }
             driver = Some(handle);
         }
+        let workers = core
+            .sink
+            .lock()
+            .as_ref()
+            .map_or_else(Vec::new, Sink::worker_ids);
         let handle = Arc::new(Handle {
             core: core.clone(),
             driver: Mutex::new(driver),
+            closed: Mutex::new(false),
+            closed_cv: Condvar::new(),
+            workers,
         });
         Ok(Timer { core, handle })
     }

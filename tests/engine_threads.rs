@@ -274,6 +274,31 @@ fn stats_answer_while_the_driver_waits_on_a_full_channel() {
     assert_eq!(rx.iter().take(10).count(), 10);
 }
 
+/// Timers that fired but could not be handed over (a full channel at shutdown) are counted
+/// as undelivered, and their lateness is not recorded: it describes deliveries.
+#[test]
+fn stats_count_fired_timers_that_were_never_delivered_apart() {
+    let clock = ManualClock::new();
+    let (timer, rx) = Timer::builder()
+        .manual_clock(&clock)
+        .build_channel(Some(1))
+        .unwrap();
+    for i in 0..3u32 {
+        timer.schedule(i, MS).unwrap();
+    }
+    clock.advance(MS);
+    until_full(&rx);
+    let back = timer.shutdown();
+    assert_eq!(back.len(), 2, "handed back");
+    let stats = timer.stats();
+    assert_eq!((stats.fired, stats.undelivered), (3, 2));
+    assert_eq!(
+        stats.lateness.count, 1,
+        "lateness recorded for undelivered timers"
+    );
+    assert_eq!(rx.iter().count(), 1);
+}
+
 /// A callback that shuts the engine down while another thread does: neither waits on the
 /// other (the stopper closes the delivery, which joins the workers, with no lock held), and
 /// every timer ends once.
@@ -314,6 +339,50 @@ fn a_callback_that_shuts_down_during_shutdown_does_not_deadlock() {
         10,
         "each pending timer handed back once"
     );
+}
+
+/// A second `shutdown` while the first is still waiting for the callbacks returns only once
+/// they are done too. (It found the delivery taken by the first and returned at once, while
+/// callbacks still ran: a caller could then tear down what they use.)
+#[test]
+fn a_second_shutdown_waits_for_the_callbacks_too() {
+    let done = Arc::new(AtomicBool::new(false));
+    let (entered_tx, entered) = crossbeam_channel::bounded::<()>(1);
+    let (go, go_rx) = crossbeam_channel::bounded::<()>(1);
+    let finished = done.clone();
+    let timer = Timer::builder()
+        .build_callback(1, 4, move |_e: delaywheel::Expiration<u32>| {
+            let _ = entered_tx.try_send(());
+            let _ = go_rx.recv_timeout(PATIENCE);
+            finished.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+    timer.schedule(0, Duration::ZERO).unwrap();
+    entered.recv_timeout(PATIENCE).expect("the callback runs");
+    let first = {
+        let t = timer.clone();
+        std::thread::spawn(move || t.shutdown())
+    };
+    // The first stop has taken the delivery once schedules are refused; it then joins the
+    // worker, which waits for `go`.
+    while timer.schedule(1, Duration::ZERO).is_ok() {
+        std::thread::sleep(MS);
+    }
+    std::thread::sleep(50 * MS);
+    let second = {
+        let (t, done) = (timer.clone(), done.clone());
+        std::thread::spawn(move || {
+            t.shutdown();
+            done.load(Ordering::SeqCst)
+        })
+    };
+    std::thread::sleep(50 * MS);
+    go.send(()).unwrap();
+    assert!(
+        second.join().unwrap(),
+        "the second shutdown returned while the callback still ran"
+    );
+    first.join().unwrap();
 }
 
 /// `fire_due` and `shutdown` at the same time (no driver thread): every timer is delivered or

@@ -60,6 +60,41 @@ fn the_engine_persistence_and_queue_publish_their_metrics() {
     assert!(m.contains_key("delaywheel_pending"));
     assert!(m.contains_key("delaywheel_lateness_p99_seconds"));
 
+    // Two engines in one process publish series of their own, labelled by name: the counts
+    // add up, where one series set absolutely by each engine in turn kept the larger.
+    let fire = |name: &str, n: u32| {
+        let (t, rx) = Timer::builder().name(name).build_channel(None).unwrap();
+        for i in 0..n {
+            t.schedule(i, Duration::ZERO).unwrap();
+        }
+        for _ in 0..n {
+            rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        t
+    };
+    let (a, b) = (fire("a", 3), fire("b", 2));
+    a.stats();
+    b.stats();
+    let engines: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "delaywheel_fired_total")
+        .filter_map(|(key, _, _, value)| {
+            let engine = key.key().labels().find(|l| l.key() == "engine")?;
+            match value {
+                DebugValue::Counter(c) => Some((engine.value().to_string(), c)),
+                _ => None,
+            }
+        })
+        .collect();
+    for (name, n) in [("a", 3), ("b", 2)] {
+        assert!(
+            engines.contains(&(name.to_string(), n)),
+            "engine {name}: {engines:?}"
+        );
+    }
+
     // Persistence: journal depth and lag, flushed operations, failures while Redis is down.
     let mut server = redis_server::RedisServer::start();
     let (p, _fired) = Persistent::start(PersistConfig::new(server.url(), "m")).unwrap();

@@ -309,6 +309,7 @@ impl Consumer {
             let shared = shared.clone();
             Timer::builder()
                 .shards(1)
+                .name(format!("queue:{}", shared.cfg.namespace))
                 .build_callback(shared.cfg.handler_threads, 65_536, move |e| {
                     fire(&shared, e.value)
                 })

@@ -481,7 +481,7 @@ impl<S: TaskStore> Persistent<S> {
             let inner = inner.clone();
             move |e: crate::Expiration<TaskKey>| deliver(&inner, &tx, e.value.id(), e.id)
         };
-        let mut builder = Timer::builder();
+        let mut builder = Timer::builder().name(format!("persistent:{}", inner.cfg.namespace));
         if let Some(clock) = inner.cfg.clock.manual_clock() {
             builder = builder.manual_clock(clock);
         }
