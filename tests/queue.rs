@@ -574,6 +574,50 @@ fn a_namespace_that_names_another_queues_shard_is_refused() {
     }
 }
 
+/// A handler's failure while Redis is down for a few seconds is still written as a retry
+/// once Redis is back: attempt count and all. (The write was given up after five tries,
+/// about 1.5 s, and the lease's expiry later put the old envelope back, attempt 0, counted
+/// as a crash.)
+#[test]
+fn a_failure_written_while_redis_is_down_is_written_once_it_is_back() {
+    let mut server = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg = QueueConfig::new(server.url(), "outage");
+    cfg.retry = RetryPolicy {
+        max_attempts: 5,
+        backoff: Backoff::Quadratic {
+            unit: Duration::from_secs(3_600),
+        },
+    };
+    let p = producer(&rt, &cfg);
+    let (entered_tx, entered) = crossbeam_channel::bounded::<()>(1);
+    let (go, go_rx) = crossbeam_channel::bounded::<()>(1);
+    let handlers = Handlers::new().on("job", move |_| {
+        let _ = entered_tx.try_send(());
+        let _ = go_rx.recv_timeout(PATIENCE);
+        Err("downstream unavailable".into())
+    });
+    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    enqueue_all(&rt, &p, "job", vec![("o1".into(), now_ms())]);
+    entered.recv_timeout(PATIENCE).expect("the handler runs");
+    server.kill();
+    go.send(()).unwrap();
+    // Longer than the five tries the write used to get.
+    std::thread::sleep(Duration::from_secs(3));
+    server.restart();
+    wait_until("the retry to be written", || c.stats().retried == 1);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let raw: Vec<u8> = redis::cmd("HGET")
+        .arg("{outage}:tasks")
+        .arg("o1")
+        .query(&mut conn)
+        .unwrap();
+    let stored = delaywheel::redis::Envelope::decode(&raw).unwrap();
+    assert_eq!(stored.attempt, 1, "the retry's attempt count");
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 /// An enqueue that Redis does not take hands the envelope back, payload and all.
 #[test]
 fn an_enqueue_redis_fails_hands_the_envelope_back() {

@@ -1183,6 +1183,9 @@ const ACK_BATCH: usize = 256;
 /// Retries and dead-letterings of one shard written at once, at most.
 const OUTCOME_WRITES: usize = 4;
 
+/// The longest wait between two tries of writing a retry or a dead letter.
+const OUTCOME_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// What the resolver holds for one shard.
 #[derive(Default)]
 struct Outbox {
@@ -1362,9 +1365,12 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
         }
         Outcome::Ack { .. } => return Done::Other,
     };
-    // A few tries: these are rare, and the lease covers a failure (the task then fires again,
-    // elsewhere: it is no longer renewed).
-    for attempt in 0..5u32 {
+    // Tried until Redis answers, as acks are: meanwhile the task stays in `working`, so its
+    // lease is renewed once Redis is back, and the retry's attempt count, backoff and reason
+    // (or the dead letter) are not lost to a lease expiry that would put the old envelope
+    // back (and count as a crash). A shutdown stops this with the resolver.
+    let mut wait = Duration::from_millis(50);
+    for failures in 1u32.. {
         match shared.conn.run::<i64>(&inv).await {
             Ok(1) => {
                 ok_counter.fetch_add(1, Relaxed);
@@ -1376,8 +1382,13 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
                 break;
             }
             Err(e) => {
-                tracing::debug!(error = %e, %id, "writing a retry or dead-letter failed");
-                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                if failures == 5 {
+                    tracing::warn!(error = %e, %id, "writing a retry or dead letter keeps failing; still trying");
+                } else {
+                    tracing::debug!(error = %e, %id, "writing a retry or dead letter failed");
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(OUTCOME_RETRY_MAX);
             }
         }
     }
