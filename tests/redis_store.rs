@@ -358,3 +358,37 @@ async fn a_snapshot_refused_for_want_of_memory_leaves_no_scratch_copy() {
         .unwrap();
     assert_eq!(live, 20_001);
 }
+
+/// The async constructors called outside a Tokio runtime (on another executor) return an
+/// error: the redis crate's connections spawn on the current runtime, and panicked there.
+#[test]
+fn connecting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    fn first_poll<F: Future>(f: F) -> Poll<F::Output> {
+        let mut cx = Context::from_waker(Waker::noop());
+        std::pin::pin!(f).poll(&mut cx)
+    }
+    let url = "redis://127.0.0.1:1";
+    let keys = || KeyLayout::new("elsewhere").unwrap();
+    assert!(matches!(
+        first_poll(RedisStore::connect(url, keys())),
+        Poll::Ready(Err(_))
+    ));
+    assert!(matches!(
+        first_poll(RedisStore::connect_cluster(&[url.to_string()], keys())),
+        Poll::Ready(Err(_))
+    ));
+    let cfg = delaywheel::redis::QueueConfig::new(url, "elsewhere");
+    assert!(matches!(
+        first_poll(delaywheel::redis::Producer::connect(cfg)),
+        Poll::Ready(Err(_))
+    ));
+    let dedup = delaywheel::redis::Dedup::connect(
+        url,
+        "elsewhere",
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(1),
+    );
+    assert!(matches!(first_poll(dedup), Poll::Ready(Err(_))));
+}

@@ -37,15 +37,31 @@ pub(crate) enum Link {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+/// The redis crate's connections spawn tasks on the current Tokio runtime, and panic outside
+/// one: a connection attempted from elsewhere (a `futures` executor, say) is refused instead.
+/// (A runtime must also have its time driver enabled, which cannot be checked from here.)
+fn in_tokio_runtime() -> Result<(), redis::RedisError> {
+    tokio::runtime::Handle::try_current()
+        .map(|_| ())
+        .map_err(|_| {
+            redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "delaywheel's async Redis connections must be made within a Tokio runtime",
+            ))
+        })
+}
+
 impl Link {
     /// Connects to the node at `url`.
     pub(crate) async fn node(url: &str) -> Result<Link, redis::RedisError> {
+        in_tokio_runtime()?;
         Ok(Link::Node(connection_manager(url).await?))
     }
 
     /// Connects to the Redis Cluster that `nodes` (seed node URLs) belong to, with the same
     /// retry and reply limits as a node.
     pub(crate) async fn cluster(nodes: &[String]) -> Result<Link, redis::RedisError> {
+        in_tokio_runtime()?;
         let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
             .retries(RETRIES)
             .max_retry_wait(MAX_RETRY_WAIT.as_millis() as u64)

@@ -456,7 +456,8 @@ impl fmt::Debug for Producer {
 }
 
 impl Producer {
-    /// Connects. Errors: a bad setting or namespace, an unreachable Redis.
+    /// Connects. Errors: a bad setting or namespace, an unreachable Redis, or a call outside a
+    /// Tokio runtime (the runtime must have time enabled, as `enable_all` does).
     pub async fn connect(cfg: QueueConfig) -> Result<Producer, QueueError> {
         let shards = cfg.check()?;
         let conn = Conn::open(&cfg).await?;
