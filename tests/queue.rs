@@ -416,6 +416,8 @@ fn failures_follow_the_backoff_then_dead_letter_and_requeue_works() {
     }
     let dead = rt.block_on(p.dead_letters(10)).unwrap();
     assert_eq!(dead.len(), 1);
+    // Any limit: the scan's COUNT hint was the limit itself, which Redis refused past i64::MAX.
+    assert_eq!(rt.block_on(p.dead_letters(usize::MAX)).unwrap(), dead);
     assert_eq!(dead[0].id, "order9");
     assert_eq!(dead[0].attempt, 5);
     assert_eq!(dead[0].reason, "payment service unavailable");
@@ -615,6 +617,24 @@ fn a_failure_written_while_redis_is_down_is_written_once_it_is_back() {
         .unwrap();
     let stored = delaywheel::redis::Envelope::decode(&raw).unwrap();
     assert_eq!(stored.attempt, 1, "the retry's attempt count");
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// A task that fires hours late (a backlog after an outage) shows in the lateness maximum,
+/// at the histogram's top (an hour), rather than being left out of it.
+#[test]
+fn a_task_hours_late_counts_in_the_lateness_maximum() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("backlog", |_| {});
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "t")).unwrap();
+    enqueue_all(&rt, &p, "t", vec![("old".into(), now_ms() - 7_200_000)]);
+    wait_until("the ack", || c.stats().acked == 1);
+    assert!(c.stats().lateness_max_us >= 3_600_000_000);
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 

@@ -609,7 +609,9 @@ fn fire(shared: &Shared, c: Claimed) {
         shared.working.lock().insert(key, c.owner.clone());
     }
     let late_us = now_us().saturating_sub(c.envelope.due_at.saturating_mul(1_000));
-    let _ = shared.lateness.lock().record(late_us.max(1));
+    // Saturating: a backlog hours late (after an outage) counts at the histogram's top,
+    // rather than being left out of the maximum.
+    shared.lateness.lock().saturating_record(late_us.max(1));
     metrics::histogram!("delaywheel_queue_lateness_seconds").record(late_us as f64 / 1e6);
     shared.counters.fired.fetch_add(1, Relaxed);
     metrics::counter!("delaywheel_queue_fired_total").increment(1);

@@ -561,7 +561,9 @@ impl Producer {
                     .arg(keys.dead())
                     .arg(cursor)
                     .arg("COUNT")
-                    .arg(limit - out.len())
+                    // A hint, capped: Redis refuses a COUNT past i64::MAX, and a huge one
+                    // would walk the whole hash in one call while the server waits.
+                    .arg((limit - out.len()).min(1_000))
                     .query_async(&mut conn)
                     .await?;
                 let room = limit - out.len();
