@@ -1284,6 +1284,26 @@ fn a_cancel_before_the_restore_removes_the_stored_version() {
     p.shutdown();
 }
 
+/// A cancel, before the restore, of an id only the store holds (the previous process's
+/// task): the restore does not load it, and it leaves the store. (The cancel found nothing
+/// in memory and did nothing, so the task the caller had cancelled fired after the restore.)
+#[test]
+fn a_cancel_before_the_restore_of_an_id_only_the_store_holds_keeps_it_from_loading() {
+    let store = stored(["a".to_string(), "b".to_string()].into_iter());
+    let p = engine(&store);
+    assert!(!p.cancel("a"), "this engine held no task a");
+    let report = p.restore(100).unwrap();
+    assert_eq!(report.loaded, 1, "{report:?}");
+    assert!(!p.contains("a"), "the cancelled id was loaded");
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids(), HashSet::from(["b".to_string()]));
+    // After the restore, a cancel of an unknown id writes nothing.
+    let depth = p.journal_depth();
+    assert!(!p.cancel("nobody"));
+    assert_eq!(p.journal_depth(), depth);
+    p.shutdown();
+}
+
 /// An id replaced after it fired, whose new version fired too: the ack meant for the first
 /// delivery does not acknowledge the second, still unhandled. (`ack` took an id and
 /// removed whichever version fired last, so a crash before the second was handled lost it.)

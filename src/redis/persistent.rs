@@ -672,12 +672,21 @@ impl<S: TaskStore> Persistent<S> {
 
     /// Cancels task `id`; `false` if it is not pending (unknown, or already fired), or after
     /// [`shutdown`](Self::shutdown) (the removal could no longer be written).
+    ///
+    /// Until a [`restore`](Self::restore) has completed, the store may hold tasks of a previous
+    /// process that this one has not loaded: a cancel of an id not held here still removes it
+    /// from the store and keeps the restore from loading it, and returns `false` (this engine
+    /// held no such task).
     pub fn cancel(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
         if self.inner.stopping.load(SeqCst) {
             return false; // the flusher's final round may be done: it would not be written
         }
         let Some((id, entry)) = state.index.remove_entry(id) else {
+            if !state.restored {
+                state.mark_gone(&TaskKey::bare(id));
+                state.journal.record_removal(id, 0);
+            }
             return false;
         };
         let Some(timer) = entry.timer else {
