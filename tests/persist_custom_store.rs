@@ -964,6 +964,42 @@ fn a_task_scheduled_while_its_broken_row_is_dead_lettered_stays_stored() {
     p.shutdown();
 }
 
+/// A broken row under an id the engine holds (scheduled while the restore reads the row, not
+/// written yet) is left alone by the restore, and the task's cancel after the restore removes
+/// it. (The cancel only dropped the unwritten upsert, so the broken row stayed, and the next
+/// restart dead-lettered a task that had been cancelled.)
+#[test]
+fn a_cancel_removes_a_broken_row_the_restore_left_for_a_held_id() {
+    let store = stored(std::iter::once("a".to_string()));
+    store
+        .table
+        .lock()
+        .insert("x".into(), (now_ms(), b"not an envelope".to_vec()));
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    store.rows_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        // Pages of one: "a", then "x", read and held back.
+        let restore = s.spawn(|| p.restore(1));
+        wait_until("the second page to be read", || {
+            store.rows_waiting.load(SeqCst) > 0
+        });
+        p.schedule("x", "t", serde_json::json!("new"), now_ms() + 3_600_000)
+            .unwrap();
+        store.rows_paused.store(false, SeqCst);
+        assert_eq!(restore.join().unwrap().unwrap().dead_lettered, 0);
+    });
+    assert!(p.journal_depth() > 0, "x's upsert was written already");
+    assert!(p.cancel("x"));
+    assert!(p.flush(PATIENCE));
+    assert!(
+        !store.ids().contains("x"),
+        "the broken row outlived the cancel"
+    );
+    p.shutdown();
+}
+
 /// An engine (batches of 10, rounds only when asked for) whose store is down, with 100 changes
 /// journaled and one round failed already.
 fn down_with_100_changes() -> (MemStore, Persistent<MemStore>) {

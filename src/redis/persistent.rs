@@ -800,9 +800,16 @@ impl<S: TaskStore> Persistent<S> {
             scanned = page.next == 0;
             {
                 // An id this engine holds or has changed since is not the store's to judge: the
-                // row may have changed between the scan's two reads.
-                let state = self.inner.state.lock();
-                page.broken.retain(|b| !state.changed(&b.id));
+                // row may have changed between the scan's two reads. A held one's row is in
+                // the store, though: a cancel must remove it, like a valid row's.
+                let mut state = self.inner.state.lock();
+                page.broken.retain(|b| {
+                    if let Some(held) = state.index.get_mut(b.id.as_str()) {
+                        held.persisted = true;
+                        return false;
+                    }
+                    !state.left(&b.id)
+                });
             }
             if !page.broken.is_empty() {
                 let (store, broken) = (self.store.clone(), page.broken.clone());
