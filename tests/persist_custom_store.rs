@@ -1000,6 +1000,68 @@ fn a_cancel_removes_a_broken_row_the_restore_left_for_a_held_id() {
     p.shutdown();
 }
 
+/// A shutdown while a restore is dead-lettering waits for the restore, so that the task the
+/// restore writes again (its row went with the broken one) is in the final round. (The
+/// shutdown's final round ran first, and the task was never written again: acknowledged as
+/// scheduled and flushed, and gone after a restart.)
+#[test]
+fn a_shutdown_during_a_restore_keeps_what_the_restore_writes_again() {
+    let store = stored((0..5).map(|i| format!("t{i}")));
+    store
+        .table
+        .lock()
+        .insert("b".into(), (now_ms(), b"not an envelope".to_vec()));
+    let p = engine(&store);
+    store.dead_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(100));
+        wait_until("the dead-lettering to start", || {
+            store.dead_waiting.load(SeqCst) > 0
+        });
+        p.schedule("b", "t", serde_json::json!("new"), now_ms() + 3_600_000)
+            .unwrap();
+        assert!(p.flush(PATIENCE));
+        let shutdown = s.spawn(|| p.shutdown());
+        // Time for a shutdown that does not wait to run its final round.
+        std::thread::sleep(Duration::from_millis(200));
+        store.dead_paused.store(false, SeqCst);
+        assert!(shutdown.join().unwrap().is_empty(), "tasks left unwritten");
+        let _ = restore.join().unwrap();
+    });
+    let stored = store.table.lock().get("b").cloned();
+    let envelope = Envelope::decode(&stored.expect("the task's row is gone").1).unwrap();
+    assert_eq!(envelope.payload, serde_json::json!("new"));
+    assert!(matches!(p.restore(100), Err(PersistError::Stopped)));
+}
+
+/// A shutdown while the store is down hands back the tasks it could not write, so the
+/// caller can keep them elsewhere (they were logged and dropped). A second call, and a flush
+/// with nothing journaled, answer at once.
+#[test]
+fn a_shutdown_with_the_store_down_hands_back_the_unwritten_tasks() {
+    let store = MemStore::default();
+    let p = engine(&store);
+    p.restore(100).unwrap();
+    assert!(
+        p.flush(Duration::ZERO),
+        "nothing journaled is already flushed"
+    );
+    p.schedule("kept", "t", serde_json::json!(1), now_ms() + 3_600_000)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+    store.down.store(true, SeqCst);
+    p.schedule("new", "t", serde_json::json!(2), now_ms() + 3_600_000)
+        .unwrap();
+    assert!(p.cancel("kept"));
+    let back = p.shutdown();
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(
+        (back[0].id.as_str(), &back[0].payload),
+        ("new", &serde_json::json!(2))
+    );
+    assert!(p.shutdown().is_empty());
+}
+
 /// An engine (batches of 10, rounds only when asked for) whose store is down, with 100 changes
 /// journaled and one round failed already.
 fn down_with_100_changes() -> (MemStore, Persistent<MemStore>) {

@@ -91,7 +91,10 @@ pub struct PersistConfig {
     pub flush_interval: Duration,
     /// Changes per Redis transaction (default 1 000).
     pub batch: usize,
-    /// Unflushed changes the journal may hold (default 1 000 000).
+    /// Unflushed changes the journal may hold before `schedule` applies `when_full`
+    /// (default 1 000 000). Cancels, acks and a restore's corrections are journaled past it,
+    /// since refusing them would lose them: each is one entry per id at most, so the journal
+    /// holds at most the bound plus the tasks held.
     pub journal_bound: usize,
     /// What happens beyond the bound.
     pub when_full: WhenFull,
@@ -177,6 +180,9 @@ pub enum PersistError {
     Unconfirmed(String),
     /// A setting is out of range (named in the message).
     Config(&'static str),
+    /// [`Persistent::restore`] after (or interrupted by) [`Persistent::shutdown`]: the tasks
+    /// not loaded stay in the store.
+    Stopped,
 }
 
 impl fmt::Display for PersistError {
@@ -189,6 +195,7 @@ impl fmt::Display for PersistError {
             PersistError::JournalFull(_) => f.write_str("the persistence journal is full"),
             PersistError::Config(e) => write!(f, "bad persistence setting: {e}"),
             PersistError::Shutdown(_) => f.write_str("the engine has been shut down"),
+            PersistError::Stopped => f.write_str("restore stopped: the engine is shut down"),
             PersistError::Unconfirmed(id) => write!(
                 f,
                 "task {id:?} is scheduled but Redis did not confirm it within the write-through timeout"
@@ -322,11 +329,6 @@ impl State {
         !self.restored && self.restoring == 0
     }
 
-    /// Whether a restore must leave `id` alone: held, or [`left`](Self::left).
-    fn changed(&self, id: &str) -> bool {
-        self.index.contains_key(id) || self.left(id)
-    }
-
     /// Whether `id` changed since (its change still in the journal), or was cancelled or
     /// acknowledged while a restore ran: the store's row of it is not to be loaded.
     fn left(&self, id: &str) -> bool {
@@ -342,6 +344,8 @@ pub(super) struct Inner {
     /// Wakes the flusher before its interval is over (`flush`, WriteThrough, shutdown).
     pub(super) kick: Condvar,
     pub(super) stopping: AtomicBool,
+    /// `shutdown` has begun (the first call does the work).
+    shut_down: AtomicBool,
 }
 
 impl Inner {
@@ -476,6 +480,7 @@ impl<S: TaskStore> Persistent<S> {
             flushed: Condvar::new(),
             kick: Condvar::new(),
             stopping: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
         });
         let fire = {
             let inner = inner.clone();
@@ -708,6 +713,10 @@ impl<S: TaskStore> Persistent<S> {
     /// waits for its own `ack`; this one's was not written, so a crash before then fires the
     /// new one again, never loses it). Also `false` after [`shutdown`](Self::shutdown) (the
     /// task stays in Redis and fires again after a restore).
+    ///
+    /// A version is told by its contents: a replacement identical to the fired version in
+    /// every field (payload, attempt and due time, and `created_at`, the coarse clock's
+    /// millisecond) is taken for it, and acknowledged with it.
     pub fn ack(&self, task: &Envelope) -> bool {
         let mut state = self.inner.state.lock();
         // The cheap fields first: a payload can be 64 KiB, compared under the lock.
@@ -755,12 +764,17 @@ impl<S: TaskStore> Persistent<S> {
     /// with their reason (an entry whose envelope names another id included). Ids already in
     /// memory are kept as they are, and ids cancelled or acknowledged since are not loaded
     /// again. A snapshot asked for meanwhile waits until the restore is done. An error if the
-    /// store fails, or its scan stops before the last page. A `page_size` of 0 is taken as 1.
+    /// store fails, or its scan stops before the last page; [`PersistError::Stopped`] after
+    /// [`shutdown`](Self::shutdown), or when one begins meanwhile (it waits for the restore to
+    /// stop at its next page). A `page_size` of 0 is taken as 1.
     ///
     /// Pages of a few thousand restored fastest in `examples/persist_report.rs` (1M tasks:
     /// about 5.1 s with 4 000 against 5.9 s with 1 000, on a slow VM); each page is one Redis
     /// command that runs whole while other clients wait.
     pub fn restore(&self, page_size: usize) -> Result<RestoreReport, PersistError> {
+        if self.inner.shut_down.load(SeqCst) {
+            return Err(PersistError::Stopped);
+        }
         let page_size = page_size.max(1);
         let mut restoring = Restoring::begin(&self.inner);
         let mut report = RestoreReport::default();
@@ -794,6 +808,10 @@ impl<S: TaskStore> Persistent<S> {
             pages = Some(rx);
             page
         }) {
+            if self.inner.shut_down.load(SeqCst) {
+                // `shutdown` waits for this restore before its final round: stop here.
+                return Err(PersistError::Stopped);
+            }
             let rows = page.map_err(PersistError::Store)?;
             report.dead_lettered += rows.set_aside;
             let mut page = rows.classify();
@@ -870,7 +888,8 @@ impl<S: TaskStore> Persistent<S> {
                 let envelope = Arc::new(envelope);
                 let id = TaskKey::of(&envelope);
                 let Some(timer) = self.arm(id.clone(), &anchor, due, extra) else {
-                    return Err(PersistError::Shutdown(unshare(envelope)));
+                    // A stored task: it stays in the store.
+                    return Err(PersistError::Stopped);
                 };
                 state.index.insert(
                     id,
@@ -901,9 +920,14 @@ impl<S: TaskStore> Persistent<S> {
 
     /// Waits until everything journaled so far is in Redis (for example before a deploy), for at
     /// most `timeout`. Returns whether it got there (`false`: Redis is down or slow).
+    /// With nothing journaled and no round out, that is already so: `true` at once, whatever
+    /// the timeout, also after [`shutdown`](Self::shutdown).
     pub fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
+        if state.journal.ops.is_empty() && !state.journal.in_round {
+            return true;
+        }
         // The round in progress may have started before the last change: wait for the next.
         let target = state.journal.flushed + 2;
         self.inner.wait_for_round(&mut state, target, deadline)
@@ -945,20 +969,37 @@ impl<S: TaskStore> Persistent<S> {
         Some(state.journal.snapshot_len)
     }
 
-    /// Stops the engine and the flusher after a final flush of up to 5 s. Pending tasks stay in
-    /// Redis for the next process to restore; if Redis is down, the changes of the unflushed
-    /// window are lost (logged).
-    pub fn shutdown(&self) {
+    /// Stops the engine and the flusher after a final flush of up to 5 s (then one last round
+    /// of whatever is still journaled). Pending tasks stay in Redis for the next process to
+    /// restore.
+    ///
+    /// Returns the tasks whose current version could not be written (Redis down or refusing
+    /// the writes at the end), so that the caller can keep them elsewhere: without that, the
+    /// next process would not know them, or would restore an older version. Removals that
+    /// could not be written (cancels, acks) are not returned: the next process restores those
+    /// tasks and they fire again, as at-least-once delivery allows. Both are logged. A second
+    /// call returns an empty list at once.
+    pub fn shutdown(&self) -> Vec<Envelope> {
+        if self.inner.shut_down.swap(true, SeqCst) {
+            return Vec::new();
+        }
         if !self.flush(Duration::from_secs(5)) {
-            tracing::error!(
+            tracing::warn!(
                 unflushed = self.journal_depth(),
-                "shutdown without a final flush: redis is unreachable"
+                "no final flush within 5 s: redis is unreachable or slow; one last round follows"
             );
         }
         {
             // Under the state lock: a change is either journaled before this (and written by
-            // the flusher's final round) or refused after it.
-            let _state = self.inner.state.lock();
+            // the flusher's final round) or refused after it. A restore in progress stops at
+            // its next page; until then it may still journal corrections (a task whose row its
+            // dead-lettering removed), which the final round must carry.
+            let mut state = self.inner.state.lock();
+            while state.restoring > 0 {
+                self.inner
+                    .flushed
+                    .wait_for(&mut state, Duration::from_millis(100));
+            }
             self.inner.stopping.store(true, SeqCst);
         }
         self.inner.flushed.notify_all();
@@ -966,14 +1007,37 @@ impl<S: TaskStore> Persistent<S> {
         if let Some(h) = self.flusher.lock().take() {
             let _ = h.join();
         }
+        // The flusher's final round is done: what is still journaled was not written.
+        let (unwritten, removals) = {
+            let state = self.inner.state.lock();
+            let mut unwritten = Vec::new();
+            let mut removals = 0usize;
+            for (key, change) in &state.journal.ops {
+                match (change, state.index.get(key.id())) {
+                    (Change::Upsert(_), Some(entry)) => unwritten.push((*entry.envelope).clone()),
+                    _ => removals += 1,
+                }
+            }
+            (unwritten, removals)
+        };
+        if !unwritten.is_empty() || removals > 0 {
+            tracing::error!(
+                tasks = unwritten.len(),
+                removals,
+                "shut down with changes the store did not take: the tasks are handed back, \
+                 the removed tasks will fire again after a restore"
+            );
+        }
         drop(self.timer.shutdown());
+        unwritten
     }
 }
 
 impl<S: TaskStore> Drop for Persistent<S> {
     fn drop(&mut self) {
         if !self.inner.stopping.load(SeqCst) {
-            self.shutdown();
+            // Dropped without `shutdown`: unwritten tasks cannot be handed back (logged).
+            drop(self.shutdown());
         }
     }
 }
