@@ -30,7 +30,9 @@
 //! use delaywheel::redis::{Consumer, Handlers, Producer, QueueConfig, When};
 //!
 //! # async fn run() -> Result<(), delaywheel::redis::QueueError> {
-//! let cfg = QueueConfig::new("redis://127.0.0.1/", "orders");
+//! // A namespace of its own: a `Persistent` engine and a queue on one namespace would
+//! // take each other's tasks.
+//! let cfg = QueueConfig::new("redis://127.0.0.1/", "order-queue");
 //! let consumer = Consumer::start(cfg.clone(), Handlers::new().on("order.close", |task| {
 //!     println!("closing {}", task.payload["order_id"]);
 //!     Ok(())
@@ -52,12 +54,14 @@
 //! |---|---|---|
 //! | `{ns}:due` | ZSET | member = task id, score = due time in ms since the Unix epoch |
 //! | `{ns}:tasks` | HASH | task id → the JSON [`Envelope`] |
-//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at", "attempt" }` of an entry that could not be used (`raw`: the envelope, `null` if there was none, or in `raw_hex` when it is not UTF-8; `attempt`: queue only) |
+//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at", "attempt" }` of an entry that could not be used (`raw`: the envelope, or in `raw_hex` when it is not UTF-8; with no envelope, `null` from [`Persistent`] and `""` from the queue's scripts; `attempt`: queue only) |
 //! | `{ns}:lease` | ZSET | queue: claimed task id → lease deadline in ms (Redis's clock) |
 //! | `{ns}:owner` | HASH | queue: claimed task id → `consumer|token` (the fencing token) |
 //! | `{ns}:fence` | STRING | queue: the counter of fencing tokens |
 //! | `{ns}:expired` | HASH | queue: task id → how many times a lease on it ran out |
 //! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running:<token>` (lease TTL) or `done` (keep TTL) |
+//! | `{ns}:wake` | pub/sub channel | queue: wake-ups (a due time in ms, and on a sharded queue `:` and the shard) |
+//! | `{ns}:due:snapshot`, `{ns}:tasks:snapshot` | ZSET, HASH | [`Persistent::snapshot`]'s scratch copy, renamed over `{ns}:due` and `{ns}:tasks` |
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.
 
