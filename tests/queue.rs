@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
-    now_ms, shard_of, Backoff, Consumer, Handlers, Producer, QueueConfig, QueueError, RetryPolicy,
-    When,
+    now_ms, shard_of, Backoff, Consumer, Handlers, PersistConfig, PersistError, Persistent,
+    Producer, QueueConfig, QueueError, RetryPolicy, When,
 };
 use parking_lot::Mutex;
 use queue_kit::*;
@@ -638,6 +638,49 @@ fn a_task_hours_late_counts_in_the_lateness_maximum() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A queue and a `Persistent` engine on one namespace would take each other's tasks (and a
+/// snapshot would delete the queue's): whichever comes second is refused, naming the role
+/// that holds the namespace. One shard's key set of a sharded queue counts as a namespace.
+#[test]
+fn a_queue_and_a_persistent_engine_cannot_share_a_namespace() {
+    let server = RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (p, _fired) = Persistent::start(PersistConfig::new(server.url(), "orders")).unwrap();
+    let cfg = QueueConfig::new(server.url(), "orders");
+    match rt.block_on(Producer::connect(cfg.clone())) {
+        Err(QueueError::InUse(e)) => {
+            assert_eq!(
+                (e.namespace.as_str(), e.by.as_str()),
+                ("orders", "persistent")
+            )
+        }
+        other => panic!("the producer got {:?}", other.map(|_| ())),
+    }
+    match Consumer::start(cfg, Handlers::new()) {
+        Err(QueueError::InUse(e)) => assert_eq!(e.by, "persistent"),
+        other => panic!("the consumer got {:?}", other.map(|_| ())),
+    }
+    // Another engine of the same role is welcome.
+    let (again, _fired_again) =
+        Persistent::start(PersistConfig::new(server.url(), "orders")).unwrap();
+    again.shutdown();
+    p.shutdown();
+
+    let mut sharded = QueueConfig::new(server.url(), "jobs");
+    sharded.shards = 2;
+    let _producer = producer(&rt, &sharded);
+    match Persistent::start(PersistConfig::new(server.url(), "jobs:1")) {
+        Err(PersistError::InUse(e)) => {
+            assert_eq!((e.namespace.as_str(), e.by.as_str()), ("jobs:1", "queue"))
+        }
+        Err(e) => panic!("the persistent engine got {e}"),
+        Ok(_) => panic!("a persistent engine took a queue shard's keys"),
+    }
+    // The sharded queue's keys are `{jobs:0}` and `{jobs:1}`: `{jobs}` is free.
+    let (free, _fired_free) = Persistent::start(PersistConfig::new(server.url(), "jobs")).unwrap();
+    free.shutdown();
+}
+
 /// An enqueue that Redis does not take hands the envelope back, payload and all.
 #[test]
 fn an_enqueue_redis_fails_hands_the_envelope_back() {
@@ -1105,11 +1148,13 @@ fn a_wake_up_claims_only_its_shard() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
-/// How long the paused-node tests pause a node (ms).
-const PAUSE_MS: u64 = 5_000;
+/// How long the paused-node tests pause a node (ms): under the client's 10 s reply timeout, so
+/// that no call waiting on the paused node gives up on it, which would change what the tests
+/// see, and long enough to leave a loaded machine a wide margin below.
+const PAUSE_MS: u64 = 9_000;
 /// What those tests wait for must happen this soon after the pause began (ms): well before it
 /// ends, so that nothing that waited on the paused node can pass.
-const WITHIN_PAUSE: u64 = 4_000;
+const WITHIN_PAUSE: u64 = 7_000;
 
 /// A 6-shard queue on a 3-node cluster, for the paused-node tests: shard 0's node (`paused`),
 /// a shard on another node (`other`), and a task id that goes to `other`.
@@ -1190,6 +1235,7 @@ impl SplitCluster {
     }
 
     /// Waits for the pause begun at `paused_at` to end, so that shutdown does not wait on it.
+    /// (`CLIENT UNPAUSE` cannot end it sooner: under `PAUSE ALL` it waits like any command.)
     fn wait_out(paused_at: u64) {
         std::thread::sleep(Duration::from_millis(
             (paused_at + PAUSE_MS + 100).saturating_sub(now_ms()),

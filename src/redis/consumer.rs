@@ -246,7 +246,8 @@ fn now_us() -> u64 {
 
 impl Consumer {
     /// Connects, subscribes to wake-ups and starts claiming. Errors: a bad setting or
-    /// namespace, an unreachable Redis, no threads.
+    /// namespace, a namespace a `Persistent` engine uses ([`QueueError::InUse`]), an
+    /// unreachable Redis, no threads.
     pub fn start(cfg: QueueConfig, handlers: Handlers) -> Result<Consumer, QueueError> {
         let shards = cfg.check()?;
         // Owned so that an early return drops it safely, even from async code.
@@ -258,9 +259,12 @@ impl Consumer {
                 .build()
                 .map_err(|e| QueueError::Spawn(e.to_string()))?,
         );
-        let open_cfg = cfg.clone();
-        let conn = wait_on(&rt, async move { Conn::open(&open_cfg).await })
-            .ok_or(QueueError::Spawn("the runtime stopped".into()))??;
+        let (open_cfg, open_shards) = (cfg.clone(), shards.clone());
+        let conn = wait_on(
+            &rt,
+            async move { Conn::open(&open_cfg, &open_shards).await },
+        )
+        .ok_or(QueueError::Spawn("the runtime stopped".into()))??;
         let id = cfg.consumer_id.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
             format!(
@@ -726,7 +730,11 @@ async fn claim_loop(
         if !failed && failures > 0 {
             shared.failing.fetch_sub(1, SeqCst);
         }
-        failures = if failed { failures + 1 } else { 0 };
+        failures = if failed {
+            failures.saturating_add(1)
+        } else {
+            0
+        };
         let pause = if failed {
             // From `claim_margin` (at least the floor, or a Redis that fails at once would be
             // asked again back to back), doubling, up to `reconcile`.

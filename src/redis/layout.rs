@@ -12,6 +12,7 @@ pub struct KeyLayout {
     owner: String,
     fence: String,
     expired: String,
+    kind: String,
     ns: String,
 }
 
@@ -32,6 +33,30 @@ impl fmt::Display for NamespaceError {
 
 impl std::error::Error for NamespaceError {}
 
+/// A namespace (or one shard's key set of a sharded queue) that the other role already uses:
+/// a [`Persistent`](super::Persistent) engine and a queue on the same keys would take each
+/// other's tasks. Its `{ns}:kind` key names the role that claimed it first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceInUse {
+    /// The namespace (or shard key set, `ns:i`) refused.
+    pub namespace: String,
+    /// The role its `{ns}:kind` key names: `persistent`, `queue`, or whatever another
+    /// client wrote there.
+    pub by: String,
+}
+
+impl fmt::Display for NamespaceInUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "namespace {:?} is used by a {} ({{{}}}:kind): give each role its own namespace",
+            self.namespace, self.by, self.namespace
+        )
+    }
+}
+
+impl std::error::Error for NamespaceInUse {}
+
 impl KeyLayout {
     /// The keys of namespace `ns`. Refuses an empty namespace or one containing a brace (it
     /// would break the hash tag), handing the name back.
@@ -47,6 +72,7 @@ impl KeyLayout {
             owner: format!("{{{ns}}}:owner"),
             fence: format!("{{{ns}}}:fence"),
             expired: format!("{{{ns}}}:expired"),
+            kind: format!("{{{ns}}}:kind"),
             ns: ns.to_string(),
         })
     }
@@ -86,6 +112,12 @@ impl KeyLayout {
     /// cancelled or replaced.
     pub fn expired(&self) -> &str {
         &self.expired
+    }
+
+    /// Which role uses the namespace, `persistent` or `queue`: set by the first to connect,
+    /// checked by every later one (see [`NamespaceInUse`]).
+    pub fn kind(&self) -> &str {
+        &self.kind
     }
 
     /// The namespace.

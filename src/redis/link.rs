@@ -114,3 +114,63 @@ impl redis::aio::ConnectionLike for Link {
         }
     }
 }
+
+/// The role names a namespace's `{ns}:kind` key holds.
+pub(crate) const PERSISTENT_ROLE: &str = "persistent";
+pub(crate) const QUEUE_ROLE: &str = "queue";
+
+/// How long a start waits for its namespace claims: a node that does not answer must not hold
+/// it up (the claim is then skipped, with a warning).
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Claims the namespaces whose `{ns}:kind` keys are `kind_keys` for `role` (`SET NX`, then
+/// `GET`, in one MULTI per key): `Err` names the first one another role holds. A key Redis
+/// cannot be asked about in time is only logged.
+pub(crate) async fn claim_namespaces(
+    link: &Link,
+    kind_keys: impl IntoIterator<Item = (String, String)>,
+    role: &str,
+) -> Result<(), super::NamespaceInUse> {
+    let claims = kind_keys.into_iter().map(|(namespace, key)| {
+        let mut conn = link.clone();
+        async move {
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .cmd("SET")
+                .arg(&key)
+                .arg(role)
+                .arg("NX")
+                .ignore()
+                .cmd("GET")
+                .arg(&key);
+            let held = pipe.query_async::<(Option<Vec<u8>>,)>(&mut conn).await;
+            (namespace, held)
+        }
+    });
+    let answers =
+        match tokio::time::timeout(CLAIM_TIMEOUT, futures_util::future::join_all(claims)).await {
+            Ok(answers) => answers,
+            Err(_) => {
+                tracing::warn!(
+                    role,
+                    "namespace claim unanswered within {CLAIM_TIMEOUT:?}; not checked"
+                );
+                return Ok(());
+            }
+        };
+    for (namespace, held) in answers {
+        match held {
+            Ok((Some(by),)) if by != role.as_bytes() => {
+                return Err(super::NamespaceInUse {
+                    namespace,
+                    by: String::from_utf8_lossy(&by).into_owned(),
+                });
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%namespace, role, error = %e, "namespace claim failed; not checked");
+            }
+        }
+    }
+    Ok(())
+}

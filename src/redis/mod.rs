@@ -59,6 +59,7 @@
 //! | `{ns}:owner` | HASH | queue: claimed task id → `consumer|token` (the fencing token) |
 //! | `{ns}:fence` | STRING | queue: the counter of fencing tokens |
 //! | `{ns}:expired` | HASH | queue: task id → how many times a lease on it ran out |
+//! | `{ns}:kind` | STRING | the role using the namespace, `persistent` or `queue` (set by the first to connect; the other is refused with [`NamespaceInUse`]) |
 //! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running:<token>` (lease TTL) or `done` (keep TTL) |
 //! | `{ns}:wake` | pub/sub channel | queue: wake-ups (a due time in ms, and on a sharded queue `:` and the shard) |
 //! | `{ns}:due:snapshot`, `{ns}:tasks:snapshot` | ZSET, HASH | [`Persistent::snapshot`]'s scratch copy, renamed over `{ns}:due` and `{ns}:tasks` |
@@ -82,7 +83,7 @@ mod wall_clock;
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dedup::{Begin, Claim, Dedup, DedupError};
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS};
-pub use layout::{KeyLayout, NamespaceError};
+pub use layout::{KeyLayout, NamespaceError, NamespaceInUse};
 pub use persistent::{
     now_ms, Durability, Overdue, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
 };

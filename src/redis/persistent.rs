@@ -32,7 +32,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::{Envelope, EnvelopeError};
 use super::flusher::{flush_loop, Change, Journal};
-use super::layout::{KeyLayout, NamespaceError};
+use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
 use super::store::{RedisStore, StoreError};
 use super::task_store::{guarded, TaskStore};
 use super::wall_clock::{Anchor, WallClock};
@@ -183,6 +183,9 @@ pub enum PersistError {
     /// [`Persistent::restore`] after (or interrupted by) [`Persistent::shutdown`]: the tasks
     /// not loaded stay in the store.
     Stopped,
+    /// The namespace is used by a queue ([`Producer`](super::Producer),
+    /// [`Consumer`](super::Consumer)).
+    InUse(NamespaceInUse),
 }
 
 impl fmt::Display for PersistError {
@@ -196,6 +199,7 @@ impl fmt::Display for PersistError {
             PersistError::Config(e) => write!(f, "bad persistence setting: {e}"),
             PersistError::Shutdown(_) => f.write_str("the engine has been shut down"),
             PersistError::Stopped => f.write_str("restore stopped: the engine is shut down"),
+            PersistError::InUse(e) => e.fmt(f),
             PersistError::Unconfirmed(id) => write!(
                 f,
                 "task {id:?} is scheduled but Redis did not confirm it within the write-through timeout"
@@ -429,7 +433,8 @@ impl Persistent<RedisStore> {
     /// Connects to `cfg.url` (or the Redis Cluster of `cfg.cluster_nodes`), starts the engine
     /// and the flusher. Call
     /// [`restore`](Self::restore) next to load what a previous process left. Errors: a
-    /// namespace that cannot be a hash tag, an unreachable Redis, no threads.
+    /// namespace that cannot be a hash tag, a namespace a queue uses
+    /// ([`PersistError::InUse`]), an unreachable Redis, no threads.
     pub fn start(
         cfg: PersistConfig,
     ) -> Result<(Persistent<RedisStore>, Receiver<Envelope>), PersistError> {
@@ -443,6 +448,10 @@ impl Persistent<RedisStore> {
         )
         .ok_or_else(runtime_stopped)?
         .map_err(PersistError::Store)?;
+        let claiming = store.clone();
+        wait_on(&rt, async move { claiming.claim().await })
+            .ok_or_else(runtime_stopped)?
+            .map_err(PersistError::InUse)?;
         Persistent::launch(cfg, store, rt)
     }
 }

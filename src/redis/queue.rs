@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::envelope::{Envelope, EnvelopeError};
-use super::layout::{KeyLayout, NamespaceError};
-use super::link::Link;
+use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
+use super::link::{claim_namespaces, Link, QUEUE_ROLE};
 use super::persistent::now_ms;
 use super::scripts;
 use super::store::StoreError;
@@ -37,7 +37,8 @@ pub enum Backoff {
 }
 
 impl Backoff {
-    /// The wait after the `attempt`-th failed delivery (1-based).
+    /// The wait after the `attempt`-th failed delivery (1-based; 0 is taken as 1). Saturates
+    /// rather than overflows for huge attempts or units.
     pub fn delay(&self, attempt: u32) -> Duration {
         let attempt = attempt.max(1);
         match *self {
@@ -307,6 +308,9 @@ pub enum QueueError {
     StillPending(String),
     /// The consumer could not start its threads.
     Spawn(String),
+    /// The namespace (or one of its shards' key sets) is used by a
+    /// [`Persistent`](super::Persistent) engine.
+    InUse(NamespaceInUse),
 }
 
 impl fmt::Display for QueueError {
@@ -326,6 +330,7 @@ impl fmt::Display for QueueError {
                 write!(f, "task {id} is pending again; its dead letter stays")
             }
             QueueError::Spawn(e) => write!(f, "could not start the consumer: {e}"),
+            QueueError::InUse(e) => e.fmt(f),
         }
     }
 }
@@ -343,7 +348,9 @@ impl From<redis::RedisError> for QueueError {
 pub enum When {
     /// At this time, ms since the Unix epoch.
     At(u64),
-    /// After this delay from now.
+    /// After this delay from now. A due time past [`MAX_DUE_MS`](super::MAX_DUE_MS) (2^53 ms
+    /// since the epoch, some 285 000 years) is refused at enqueue with
+    /// [`EnvelopeError::DueTooLate`](super::EnvelopeError::DueTooLate), envelope handed back.
     After(Duration),
 }
 
@@ -385,12 +392,22 @@ pub(crate) struct Conn {
 
 impl Conn {
     /// Connects to `cfg.cluster_nodes` as a cluster when there are any, else to `cfg.url`.
-    pub(crate) async fn open(cfg: &QueueConfig) -> Result<Conn, QueueError> {
+    /// Connects, loads the scripts, and claims the key sets of `shards` for the queue: one a
+    /// [`Persistent`](super::Persistent) engine uses is refused with
+    /// [`QueueError::InUse`].
+    pub(crate) async fn open(cfg: &QueueConfig, shards: &[KeyLayout]) -> Result<Conn, QueueError> {
         let conn = Conn {
             conn: Link::open(&cfg.url, &cfg.cluster_nodes).await?,
             commands: Arc::new(AtomicU64::new(0)),
         };
         conn.preload().await;
+        let kinds = shards
+            .iter()
+            .map(|k| (k.namespace().to_owned(), k.kind().to_owned()));
+        conn.count(shards.len() as u64);
+        claim_namespaces(&conn.conn, kinds, QUEUE_ROLE)
+            .await
+            .map_err(QueueError::InUse)?;
         Ok(conn)
     }
 
@@ -456,11 +473,12 @@ impl fmt::Debug for Producer {
 }
 
 impl Producer {
-    /// Connects. Errors: a bad setting or namespace, an unreachable Redis, or a call outside a
+    /// Connects. Errors: a bad setting or namespace, a namespace a `Persistent` engine uses
+    /// ([`QueueError::InUse`]), an unreachable Redis, or a call outside a
     /// Tokio runtime (the runtime must have time enabled, as `enable_all` does).
     pub async fn connect(cfg: QueueConfig) -> Result<Producer, QueueError> {
         let shards = cfg.check()?;
-        let conn = Conn::open(&cfg).await?;
+        let conn = Conn::open(&cfg, &shards).await?;
         Ok(Producer {
             cfg: Arc::new(cfg),
             shards: Arc::new(shards),

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::envelope::{Envelope, MAX_DUE_MS};
-use super::layout::KeyLayout;
-use super::link::Link;
+use super::layout::{KeyLayout, NamespaceInUse};
+use super::link::{claim_namespaces, Link, PERSISTENT_ROLE};
 use super::task_store::TaskStore;
 
 /// KEYS: scratch due, scratch tasks, due, tasks. Renames both scratch keys over the live ones,
@@ -530,6 +530,16 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
         Ok(())
+    }
+
+    /// Claims the namespace for [`Persistent`](super::Persistent) (its `{ns}:kind` key):
+    /// refused if a queue uses it.
+    pub(crate) async fn claim(&self) -> Result<(), NamespaceInUse> {
+        let kind = (
+            self.keys.namespace().to_owned(),
+            self.keys.kind().to_owned(),
+        );
+        claim_namespaces(&self.conn, [kind], PERSISTENT_ROLE).await
     }
 
     /// Replaces the live set with the upserts in `tasks` (see
