@@ -12,8 +12,9 @@ export PROPTEST_CASES
 # The steps run in order, also under `make -j`.
 .NOTPARALLEL:
 
-# apt-get needs root: through sudo for another user.
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# apt-get needs root: through sudo for another user (non-interactive: a password prompt would
+# hang CI, so it fails instead, and the message says what to install).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 APT := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
 test: deps fmt clippy unit smoke

@@ -1,6 +1,6 @@
 //! Crashes, with real processes: the writer SIGKILLed in `WriteThrough` mode, and
 //! `redis-server` SIGKILLed under load.
-#![cfg(feature = "redis")]
+#![cfg(all(feature = "redis", target_os = "linux"))]
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -63,12 +63,13 @@ fn write_through_acknowledged_ids_survive_a_sigkill_of_the_process() {
     // A child that wedges before `kill_after` acks is killed after two minutes (its stdout
     // then ends), so the test fails instead of waiting forever.
     let (done, watch) = crossbeam_channel::bounded::<()>(1);
-    let pid = child.id().to_string();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid is positive");
     let watchdog = std::thread::spawn(move || {
         if let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
             watch.recv_timeout(Duration::from_secs(120))
         {
-            let _ = Command::new("kill").args(["-9", &pid]).status();
+            // By pid: the reading loop holds the `Child`. (It may have exited meanwhile.)
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
     });
     let mut acked = Vec::new();

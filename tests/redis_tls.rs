@@ -43,7 +43,7 @@ fn persistence_works_over_rediss_and_refuses_plain_text() {
         .local_addr()
         .unwrap()
         .port();
-    let mut server = Command::new("redis-server")
+    let server = Command::new("redis-server")
         .args([
             "--port",
             "0",
@@ -70,6 +70,8 @@ fn persistence_works_over_rediss_and_refuses_plain_text() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("{INSTALL} ({e})"));
+    // Killed however the test ends, a failed assertion included.
+    let _server = KillOnDrop(server);
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -101,6 +103,14 @@ fn persistence_works_over_rediss_and_refuses_plain_text() {
         Persistent::start(PersistConfig::new(plain, "tls")),
         Err(PersistError::Store(_))
     ));
-    let _ = server.kill();
-    let _ = server.wait();
+}
+
+/// A child process killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
