@@ -674,6 +674,8 @@ impl<T> Timer<T> {
     /// Two engines whose deliveries each call the other's `shutdown` (a callback or waker of
     /// one stopping the other, both at once) wait for each other's driver for ever: stop
     /// another engine from a delivery only if that engine's deliveries never stop this one.
+    /// Likewise, a callback must not wait for a thread that is calling `shutdown` while
+    /// another `shutdown` waits for the callbacks: each would wait for the other.
     pub fn shutdown(&self) -> Vec<Pending<T>> {
         self.handle.stop()
     }

@@ -1402,6 +1402,25 @@ fn a_cancel_before_the_restore_of_an_id_only_the_store_holds_keeps_it_from_loadi
     p.shutdown();
 }
 
+/// Cancels of unknown ids before the first restore journal removals only up to the journal's
+/// bound: with the store down, cancels of ids that may never have existed must not grow the
+/// journal without limit.
+#[test]
+fn cancels_of_unknown_ids_before_the_restore_stay_within_the_journal_bound() {
+    let store = MemStore::default();
+    store.down.store(true, SeqCst);
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.journal_bound = 10;
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    for i in 0..25 {
+        assert!(!p.cancel(&format!("nobody{i}")));
+    }
+    assert_eq!(p.journal_depth(), 10);
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    p.shutdown();
+}
+
 /// An id replaced after it fired, whose new version fired too: the ack meant for the first
 /// delivery does not acknowledge the second, still unhandled. (`ack` took an id and
 /// removed whichever version fired last, so a crash before the second was handled lost it.)

@@ -681,6 +681,62 @@ fn a_queue_and_a_persistent_engine_cannot_share_a_namespace() {
     free.shutdown();
 }
 
+/// A dead letter Redis keeps refusing (its hash is a string: WRONGTYPE, as it would refuse an
+/// ACL user without write access to it) is given up on, and the task fires again after its
+/// lease, not leased for ever; once the dead letters can be written, it is dead-lettered. (The
+/// write was retried for ever while the lease kept being renewed; and the script released
+/// the lease before the refused write, so the task was gone from the queue, leased nowhere.)
+#[test]
+fn a_dead_letter_redis_refuses_leaves_the_task_to_its_lease() {
+    let Fixture {
+        server,
+        rt,
+        mut cfg,
+        p,
+    } = fixture("refused", |_| {});
+    cfg.retry = RetryPolicy {
+        max_attempts: 1,
+        backoff: Backoff::Quadratic {
+            unit: Duration::from_secs(1),
+        },
+    };
+    cfg.lease = Duration::from_secs(1);
+    cfg.reaper_interval = Duration::from_millis(100);
+    cfg.max_lease_expiries = 0;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("{refused}:dead")
+        .arg("not a hash")
+        .query(&mut conn)
+        .unwrap();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handlers = {
+        let runs = runs.clone();
+        Handlers::new().on("job", move |_| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err("poison".into())
+        })
+    };
+    let c = Consumer::start(cfg, handlers).unwrap();
+    enqueue_all(&rt, &p, "job", vec![("d1".into(), now_ms())]);
+    wait_until("the task to fire again after its lease", || {
+        runs.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    });
+    let _: () = redis::cmd("DEL")
+        .arg("{refused}:dead")
+        .query(&mut conn)
+        .unwrap();
+    wait_until("the dead letter", || c.stats().dead_lettered >= 1);
+    let dead = rt.block_on(p.dead_letters(10)).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].id.as_str(), dead[0].reason.as_str()),
+        ("d1", "poison")
+    );
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 /// An enqueue that Redis does not take hands the envelope back, payload and all.
 #[test]
 fn an_enqueue_redis_fails_hands_the_envelope_back() {

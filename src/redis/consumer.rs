@@ -1193,6 +1193,9 @@ const ACK_BATCH: usize = 256;
 /// Retries and dead-letterings of one shard written at once, at most.
 const OUTCOME_WRITES: usize = 4;
 
+/// Tries of writing a retry or a dead letter against an error no retry gets past.
+const OUTCOME_TRIES: u32 = 5;
+
 /// The longest wait between two tries of writing a retry or a dead letter.
 const OUTCOME_RETRY_MAX: Duration = Duration::from_secs(2);
 
@@ -1375,10 +1378,14 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
         }
         Outcome::Ack { .. } => return Done::Other,
     };
-    // Tried until Redis answers, as acks are: meanwhile the task stays in `working`, so its
-    // lease is renewed once Redis is back, and the retry's attempt count, backoff and reason
-    // (or the dead letter) are not lost to a lease expiry that would put the old envelope
-    // back (and count as a crash). A shutdown stops this with the resolver.
+    // Tried until Redis answers, as acks are, while the error is one a retry can get past
+    // (a connection lost, a timeout, a cluster failing over, a server loading): meanwhile the
+    // task stays in `working`, so its lease is renewed once Redis is back, and the retry's
+    // attempt count, backoff and reason (or the dead letter) are not lost to a lease expiry
+    // that would put the old envelope back (and count as a crash). An error no retry gets
+    // past (NOPERM, OOM, a script error) is given up on after a few tries: the lease then
+    // runs out and the task fires again elsewhere, rather than staying leased for ever. A
+    // shutdown stops this with the resolver.
     let mut wait = Duration::from_millis(50);
     for failures in 1u32.. {
         match shared.conn.run::<i64>(&inv).await {
@@ -1392,7 +1399,12 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
                 break;
             }
             Err(e) => {
-                if failures == 5 {
+                let transient = !matches!(e.retry_method(), redis::RetryMethod::NoRetry);
+                if !transient && failures >= OUTCOME_TRIES {
+                    tracing::warn!(error = %e, %id, "writing a retry or dead letter failed; left to its lease");
+                    break;
+                }
+                if failures == OUTCOME_TRIES {
                     tracing::warn!(error = %e, %id, "writing a retry or dead letter keeps failing; still trying");
                 } else {
                     tracing::debug!(error = %e, %id, "writing a retry or dead letter failed");

@@ -71,7 +71,7 @@ impl Dedup {
     /// (longer than a handler takes), a `done` marker `keep` (longer than a task can be
     /// redelivered). Durations below 1 ms count as 1 ms, and above 2^62 ms (146 million years,
     /// "forever") as 2^62 ms: Redis refuses an expiry past its clock's range. Outside a Tokio
-    /// runtime it returns an error (the runtime must have time enabled, as `enable_all` does).
+    /// runtime it returns an error (the runtime must have time and I/O enabled, as `enable_all` does).
     pub async fn connect(
         url: &str,
         ns: &str,

@@ -475,6 +475,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             Round::Snapshot(envelopes, subsumed, oldest, number) => {
                 snapshot_round = Some(number);
                 let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
+                let started = Instant::now();
                 match rt.block_on(guarded("snapshot", async { store.replace_all(&ops).await })) {
                     Ok(()) => {
                         snapshot_backoff = SNAPSHOT_RETRY_MIN.max(inner.cfg.flush_interval);
@@ -482,6 +483,9 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         (Ok(()), Some(ops.len()))
                     }
                     Err(e) => {
+                        // At least as long as the attempt took: a snapshot of a large set that
+                        // fails late must not be sent again at once.
+                        snapshot_backoff = snapshot_backoff.max(started.elapsed());
                         snapshot_not_before = Some(Instant::now() + snapshot_backoff);
                         snapshot_backoff =
                             snapshot_backoff.saturating_mul(2).min(SNAPSHOT_RETRY_MAX);
@@ -539,8 +543,14 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         // A wanted snapshot held back by its own backoff is tried when that ends, even if
         // the next round is further off.
         let mut wait = backoff;
+        // Only while that time is still ahead: once it has passed, a snapshot held back (by
+        // a restore) is started by whatever ends the hold (the restore kicks), not by rounds
+        // run back to back.
         if let Some(t) = snapshot_not_before.filter(|_| state.journal.snapshot_wanted) {
-            wait = wait.min(t.saturating_duration_since(Instant::now()));
+            let now = Instant::now();
+            if t > now {
+                wait = wait.min(t - now);
+            }
         }
         if down_since.is_some() {
             // Backing off: a kick (a `flush` or WriteThrough caller waiting, which kicks after

@@ -39,7 +39,8 @@ pub(crate) enum Link {
 
 /// The redis crate's connections spawn tasks on the current Tokio runtime, and panic outside
 /// one: a connection attempted from elsewhere (a `futures` executor, say) is refused instead.
-/// (A runtime must also have its time driver enabled, which cannot be checked from here.)
+/// (A runtime must also have its time and I/O drivers enabled, as `enable_all` does, which
+/// cannot be checked from here.)
 fn in_tokio_runtime() -> Result<(), redis::RedisError> {
     tokio::runtime::Handle::try_current()
         .map(|_| ())
@@ -143,32 +144,31 @@ pub(crate) async fn claim_namespaces(
                 .ignore()
                 .cmd("GET")
                 .arg(&key);
-            let held = pipe.query_async::<(Option<Vec<u8>>,)>(&mut conn).await;
+            // Each on its own clock: one slow node must not discard the others' answers.
+            let held = tokio::time::timeout(
+                CLAIM_TIMEOUT,
+                pipe.query_async::<(Option<Vec<u8>>,)>(&mut conn),
+            )
+            .await;
             (namespace, held)
         }
     });
-    let answers =
-        match tokio::time::timeout(CLAIM_TIMEOUT, futures_util::future::join_all(claims)).await {
-            Ok(answers) => answers,
-            Err(_) => {
-                tracing::warn!(
-                    role,
-                    "namespace claim unanswered within {CLAIM_TIMEOUT:?}; not checked"
-                );
-                return Ok(());
-            }
-        };
+    let answers = futures_util::future::join_all(claims).await;
     for (namespace, held) in answers {
         match held {
-            Ok((Some(by),)) if by != role.as_bytes() => {
+            Ok(Ok((Some(by),))) if by != role.as_bytes() => {
                 return Err(super::NamespaceInUse {
                     namespace,
                     by: String::from_utf8_lossy(&by).into_owned(),
                 });
             }
-            Ok(_) => {}
-            Err(e) => {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                // An ACL user without SET on the key, a read-only replica: not checked.
                 tracing::warn!(%namespace, role, error = %e, "namespace claim failed; not checked");
+            }
+            Err(_) => {
+                tracing::warn!(%namespace, role, "namespace claim unanswered within {CLAIM_TIMEOUT:?}; not checked");
             }
         }
     }

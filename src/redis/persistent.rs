@@ -413,6 +413,9 @@ impl<S: TaskStore> fmt::Debug for Persistent<S> {
 }
 
 /// The error for a store runtime that stopped while a call waited on it.
+/// How long `shutdown` waits for a running restore to stop at its next page.
+const RESTORE_STOP_WAIT: Duration = Duration::from_secs(10);
+
 fn runtime_stopped() -> PersistError {
     PersistError::Build(BuildError::Spawn("the runtime stopped".into()))
 }
@@ -690,14 +693,17 @@ impl<S: TaskStore> Persistent<S> {
     /// Until a [`restore`](Self::restore) has completed, the store may hold tasks of a previous
     /// process that this one has not loaded: a cancel of an id not held here still removes it
     /// from the store and keeps the restore from loading it, and returns `false` (this engine
-    /// held no such task).
+    /// held no such task). Not while the journal is at its bound (Redis down or slow): then
+    /// such a cancel does nothing. Call `restore` first.
     pub fn cancel(&self, id: &str) -> bool {
         let mut state = self.inner.state.lock();
         if self.inner.stopping.load(SeqCst) {
             return false; // the flusher's final round may be done: it would not be written
         }
         let Some((id, entry)) = state.index.remove_entry(id) else {
-            if !state.restored {
+            // Not past the journal's bound: such cancels of ids that may never have existed
+            // must not grow it without limit while Redis is down.
+            if !state.restored && state.journal.depth() < self.inner.cfg.journal_bound {
                 state.mark_gone(&TaskKey::bare(id));
                 state.journal.record_removal(id, 0);
             }
@@ -934,7 +940,9 @@ impl<S: TaskStore> Persistent<S> {
     pub fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
-        if state.journal.ops.is_empty() && !state.journal.in_round {
+        // Not while a restore runs: it may have removed a row (with a broken one it
+        // dead-letters) that it has yet to journal again.
+        if state.journal.ops.is_empty() && !state.journal.in_round && state.restoring == 0 {
             return true;
         }
         // The round in progress may have started before the last change: wait for the next.
@@ -987,7 +995,8 @@ impl<S: TaskStore> Persistent<S> {
     /// next process would not know them, or would restore an older version. Removals that
     /// could not be written (cancels, acks) are not returned: the next process restores those
     /// tasks and they fire again, as at-least-once delivery allows. Both are logged. A second
-    /// call returns an empty list at once.
+    /// call returns an empty list at once, also while the first is still at work. A restore
+    /// in progress stops at its next page, and is waited for up to 10 s.
     pub fn shutdown(&self) -> Vec<Envelope> {
         if self.inner.shut_down.swap(true, SeqCst) {
             return Vec::new();
@@ -1004,10 +1013,17 @@ impl<S: TaskStore> Persistent<S> {
             // its next page; until then it may still journal corrections (a task whose row its
             // dead-lettering removed), which the final round must carry.
             let mut state = self.inner.state.lock();
-            while state.restoring > 0 {
+            let give_up = Instant::now() + RESTORE_STOP_WAIT;
+            while state.restoring > 0 && Instant::now() < give_up {
                 self.inner
                     .flushed
                     .wait_for(&mut state, Duration::from_millis(100));
+            }
+            if state.restoring > 0 {
+                tracing::warn!(
+                    "a restore did not stop within {RESTORE_STOP_WAIT:?} (its store call hangs): \
+                     shutting down without it"
+                );
             }
             self.inner.stopping.store(true, SeqCst);
         }

@@ -475,7 +475,7 @@ impl fmt::Debug for Producer {
 impl Producer {
     /// Connects. Errors: a bad setting or namespace, a namespace a `Persistent` engine uses
     /// ([`QueueError::InUse`]), an unreachable Redis, or a call outside a
-    /// Tokio runtime (the runtime must have time enabled, as `enable_all` does).
+    /// Tokio runtime (the runtime must have time and I/O enabled, as `enable_all` does).
     pub async fn connect(cfg: QueueConfig) -> Result<Producer, QueueError> {
         let shards = cfg.check()?;
         let conn = Conn::open(&cfg, &shards).await?;

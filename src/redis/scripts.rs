@@ -10,6 +10,12 @@
 //! checks that the owner is still exactly that value, so a consumer whose lease expired and was
 //! taken over cannot change the task under the new owner.
 //!
+//! Redis does not roll a script back when a command in it fails (a key of the wrong type, an
+//! ACL refusal): the commands before it stay done. So RETRY and DEAD write the task's new
+//! place first (its queued envelope, its dead letter) and release the lease after: if the
+//! write fails, nothing has changed and the lease still holds the task, which fires again
+//! once it runs out; if a later command fails, the task is in both places, never in neither.
+//!
 //! Leases run on Redis's clock (`TIME`), read inside the scripts that set and expire them
 //! (CLAIM, RENEW, REAP): consumers whose clocks disagree still agree on when a lease ends, so
 //! a reaper whose clock runs ahead cannot take a lease that is still live. Due times are the
@@ -154,10 +160,10 @@ pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
 if tonumber(ARGV[4]) < tonumber(ARGV[6]) then redis.call('PUBLISH', ARGV[5], ARGV[4] .. ARGV[7]) end
 return 1
 ",
@@ -170,11 +176,11 @@ pub(crate) static DEAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 return 1
 ",
     )

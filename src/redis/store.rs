@@ -265,7 +265,7 @@ impl RedisStore {
     /// Connects to `url` (`redis://user:password@host:port/db`, `rediss://` for TLS where the
     /// redis crate is built with it, `redis+unix:///path`) for the namespace whose keys are
     /// `keys`. Outside a Tokio runtime it returns an error (the runtime must have time
-    /// enabled, as `enable_all` does).
+    /// and I/O enabled, as `enable_all` does).
     pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
         Ok(RedisStore::on(Link::node(url).await?, keys))
     }
