@@ -679,6 +679,20 @@ fn a_queue_and_a_persistent_engine_cannot_share_a_namespace() {
     // The sharded queue's keys are `{jobs:0}` and `{jobs:1}`: `{jobs}` is free.
     let (free, _fired_free) = Persistent::start(PersistConfig::new(server.url(), "jobs")).unwrap();
     free.shutdown();
+
+    // A kind key another client made a hash of is not a claim to skip.
+    let client = redis::Client::open(server.url()).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("{theirs}:kind")
+        .arg("f")
+        .arg("v")
+        .query(&mut client.get_connection().unwrap())
+        .unwrap();
+    let theirs = QueueConfig::new(server.url(), "theirs");
+    assert!(matches!(
+        rt.block_on(Producer::connect(theirs)),
+        Err(QueueError::InUse(_))
+    ));
 }
 
 /// A dead letter Redis keeps refusing (its hash is a string: WRONGTYPE, as it would refuse an

@@ -1193,7 +1193,8 @@ const ACK_BATCH: usize = 256;
 /// Retries and dead-letterings of one shard written at once, at most.
 const OUTCOME_WRITES: usize = 4;
 
-/// Tries of writing a retry or a dead letter against an error no retry gets past.
+/// Failures of writing a retry or a dead letter, with an error no retry gets past, after which
+/// it is given up.
 const OUTCOME_TRIES: u32 = 5;
 
 /// The longest wait between two tries of writing a retry or a dead letter.
@@ -1387,7 +1388,8 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
     // runs out and the task fires again elsewhere, rather than staying leased for ever. A
     // shutdown stops this with the resolver.
     let mut wait = Duration::from_millis(50);
-    for failures in 1u32.. {
+    let (mut failures, mut lasting) = (0u32, 0u32);
+    loop {
         match shared.conn.run::<i64>(&inv).await {
             Ok(1) => {
                 ok_counter.fetch_add(1, Relaxed);
@@ -1399,10 +1401,20 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
                 break;
             }
             Err(e) => {
-                let transient = !matches!(e.retry_method(), redis::RetryMethod::NoRetry);
-                if !transient && failures >= OUTCOME_TRIES {
-                    tracing::warn!(error = %e, %id, "writing a retry or dead letter failed; left to its lease");
-                    break;
+                failures = failures.saturating_add(1);
+                // Codes the redis crate does not know, which a server answers while it is
+                // busy or short of something for a while, count as passing too.
+                let transient = !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+                    || matches!(
+                        e.code(),
+                        Some("BUSY" | "MISCONF" | "NOREPLICAS" | "OOM" | "LOADING" | "TRYAGAIN")
+                    );
+                if !transient {
+                    lasting += 1;
+                    if lasting >= OUTCOME_TRIES {
+                        tracing::warn!(error = %e, %id, "writing a retry or dead letter failed; left to its lease");
+                        break;
+                    }
                 }
                 if failures == OUTCOME_TRIES {
                     tracing::warn!(error = %e, %id, "writing a retry or dead letter keeps failing; still trying");

@@ -163,6 +163,14 @@ pub(crate) async fn claim_namespaces(
                 });
             }
             Ok(Ok(_)) => {}
+            // The key holds something else than a role name: another client's data under the
+            // namespace's tag. Refused, not skipped.
+            Ok(Err(e)) if wrong_type(&e) => {
+                return Err(super::NamespaceInUse {
+                    namespace,
+                    by: "another client (its kind key is not a string)".into(),
+                });
+            }
             Ok(Err(e)) => {
                 // An ACL user without SET on the key, a read-only replica: not checked.
                 tracing::warn!(%namespace, role, error = %e, "namespace claim failed; not checked");
@@ -173,4 +181,12 @@ pub(crate) async fn claim_namespaces(
         }
     }
     Ok(())
+}
+
+/// Whether `e` (a transaction's failure, or a command's) says a key held another type.
+fn wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+        || e.clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, err)| err.code() == "WRONGTYPE"))
 }

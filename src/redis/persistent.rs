@@ -412,10 +412,10 @@ impl<S: TaskStore> fmt::Debug for Persistent<S> {
     }
 }
 
-/// The error for a store runtime that stopped while a call waited on it.
 /// How long `shutdown` waits for a running restore to stop at its next page.
 const RESTORE_STOP_WAIT: Duration = Duration::from_secs(10);
 
+/// The error for a store runtime that stopped while a call waited on it.
 fn runtime_stopped() -> PersistError {
     PersistError::Build(BuildError::Spawn("the runtime stopped".into()))
 }

@@ -10,11 +10,14 @@
 //! checks that the owner is still exactly that value, so a consumer whose lease expired and was
 //! taken over cannot change the task under the new owner.
 //!
-//! Redis does not roll a script back when a command in it fails (a key of the wrong type, an
-//! ACL refusal): the commands before it stay done. So RETRY and DEAD write the task's new
-//! place first (its queued envelope, its dead letter) and release the lease after: if the
-//! write fails, nothing has changed and the lease still holds the task, which fires again
-//! once it runs out; if a later command fails, the task is in both places, never in neither.
+//! Redis does not roll a script back when a command in it fails (a key of the wrong type, a
+//! command an ACL refuses): the commands before it stay done. So every script that moves a
+//! task writes its new place first (the lease and owner of a claim; the queued envelope of an
+//! enqueue, a retry, a give-back or a requeue; the dead letter) and clears the old one after:
+//! if the write fails, nothing has changed for that task; if a later command fails, the task
+//! is in both places (a duplicate at worst), never in neither. Wake-ups are published with
+//! `redis.pcall`, last: a user without pub/sub rights (Redis 7's default for new ACL users)
+//! loses wake-ups, which reconcile claims cover, not the script's reply.
 //!
 //! Leases run on Redis's clock (`TIME`), read inside the scripts that set and expire them
 //! (CLAIM, RENEW, REAP): consumers whose clocks disagree still agree on when a lease ends, so
@@ -38,16 +41,17 @@ use redis::Script;
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
-  if ARGV[4] == '0' then return 0 end
+local pending = redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
+if pending and ARGV[4] == '0' then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+if pending then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
 end
 redis.call('HDEL', KEYS[5], ARGV[1])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 if tonumber(ARGV[2]) < tonumber(ARGV[6]) then
-  redis.call('PUBLISH', ARGV[5], ARGV[7])
+  redis.pcall('PUBLISH', ARGV[5], ARGV[7])
 end
 return 1
 ",
@@ -89,9 +93,9 @@ for i = 1, #ids, 2 do
   local id, due = ids[i], tonumber(ids[i + 1])
   local envelope = redis.call('HGET', KEYS[2], id)
   if envelope and envelope ~= '' then
-    redis.call('ZREM', KEYS[1], id)
     redis.call('ZADD', KEYS[3], math.max(due, now) + lease, id)
     redis.call('HSET', KEYS[4], id, owner)
+    redis.call('ZREM', KEYS[1], id)
     out[#out + 1] = id
     out[#out + 1] = ids[i + 1]
     out[#out + 1] = envelope
@@ -164,7 +168,7 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
-if tonumber(ARGV[4]) < tonumber(ARGV[6]) then redis.call('PUBLISH', ARGV[5], ARGV[4] .. ARGV[7]) end
+if tonumber(ARGV[4]) < tonumber(ARGV[6]) then redis.pcall('PUBLISH', ARGV[5], ARGV[4] .. ARGV[7]) end
 return 1
 ",
     )
@@ -196,16 +200,16 @@ pub(crate) static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
 local n, first = 0, nil
 for i = 4, #ARGV, 3 do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+    redis.call('ZADD', KEYS[3], ARGV[i + 2], ARGV[i])
     redis.call('ZREM', KEYS[1], ARGV[i])
     redis.call('HDEL', KEYS[2], ARGV[i])
-    redis.call('ZADD', KEYS[3], ARGV[i + 2], ARGV[i])
     local due = tonumber(ARGV[i + 2])
     if first == nil or due < first then first = due end
     n = n + 1
   end
 end
 if first ~= nil and first < tonumber(ARGV[2]) then
-  redis.call('PUBLISH', ARGV[1], tostring(first) .. ARGV[3])
+  redis.pcall('PUBLISH', ARGV[1], tostring(first) .. ARGV[3])
 end
 return n
 ",
@@ -258,7 +262,7 @@ for _, id in ipairs(ids) do
     requeued = requeued + 1
   end
 end
-if requeued > 0 then redis.call('PUBLISH', ARGV[2], tostring(now) .. ARGV[4]) end
+if requeued > 0 then redis.pcall('PUBLISH', ARGV[2], tostring(now) .. ARGV[4]) end
 return {{requeued, dead}}
 ",
     ))
@@ -275,10 +279,10 @@ pub(crate) static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
         r"
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[5] then return 0 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return -1 end
-redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[3] .. ARGV[6])
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.pcall('PUBLISH', ARGV[4], ARGV[3] .. ARGV[6])
 return 1
 ",
     )
@@ -409,6 +413,67 @@ mod tests {
             .query(&mut conn)
             .unwrap();
         assert_eq!(stored.as_deref(), Some(envelope));
+    }
+
+    /// Scripts that move a task and fail part way (a key of the wrong type, which another
+    /// client wrote) leave it where it was: the new place is written before the old one is
+    /// cleared. (CLAIM removed the task from the queue before leasing it, and REQUEUE deleted
+    /// the dead letter before queueing it: each failure lost a task.)
+    #[test]
+    fn a_script_that_fails_part_way_loses_no_task() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("broken").unwrap();
+        let envelope =
+            r#"{"id":"a","topic":"t","payload":null,"attempt":0,"created_at":0,"due_at":0}"#;
+        redis::pipe()
+            .zadd(k.due(), "a", 0)
+            .hset(k.tasks(), "a", envelope)
+            .set(k.lease(), "not a zset")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let claimed: redis::RedisResult<Vec<String>> = CLAIM
+            .key(k.due())
+            .key(k.tasks())
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.fence())
+            .key(k.dead())
+            .arg(i64::MAX)
+            .arg(100)
+            .arg("c")
+            .arg(60_000)
+            .invoke(&mut conn);
+        assert!(claimed.is_err(), "the claim succeeded");
+        let queued: u32 = redis::cmd("ZCARD").arg(k.due()).query(&mut conn).unwrap();
+        assert_eq!(queued, 1, "the failed claim took the task out of the queue");
+
+        // A dead letter requeued into a queue of the wrong type stays a dead letter.
+        let record = r#"{"reason":"r","raw":"","at":0}"#;
+        redis::pipe()
+            .del(k.due())
+            .del(k.tasks())
+            .set(k.due(), "not a zset")
+            .hset(k.dead(), "a", record)
+            .query::<()>(&mut conn)
+            .unwrap();
+        let requeued: redis::RedisResult<i64> = REQUEUE
+            .key(k.dead())
+            .key(k.tasks())
+            .key(k.due())
+            .arg("a")
+            .arg(envelope)
+            .arg(0)
+            .arg("chan")
+            .arg(record)
+            .arg("")
+            .invoke(&mut conn);
+        assert!(requeued.is_err(), "the requeue succeeded");
+        let dead: Option<String> = redis::cmd("HGET")
+            .arg(k.dead())
+            .arg("a")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(dead.as_deref(), Some(record), "the dead letter is gone");
     }
 
     /// A task whose lease keeps running out (its consumer crashing each time) is delivered
