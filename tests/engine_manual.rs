@@ -112,23 +112,34 @@ fn reset_earlier_and_later_and_cancel() {
 
 #[test]
 fn cancel_racing_expiry_ends_each_timer_exactly_once() {
-    // Every timer is due; cancel half of them just before the turn: each ends once.
-    let (clock, timer, rx) = engine(3);
-    let ids: Vec<_> = (0..1000).map(|i| timer.schedule(i, MS).unwrap()).collect();
-    clock.advance(MS);
-    let cancelled: Vec<u32> = ids
-        .iter()
-        .step_by(2)
-        .filter_map(|&id| timer.cancel(id))
-        .collect();
-    timer.fire_due();
-    let delivered = fired(&rx);
-    assert_eq!(cancelled.len() + delivered.len(), 1000);
-    let mut all: Vec<u32> = cancelled.into_iter().chain(delivered).collect();
-    all.sort();
-    assert_eq!(all, (0..1000).collect::<Vec<_>>());
-    // Cancels after firing find nothing.
-    assert!(ids.iter().all(|&id| timer.cancel(id).is_none()));
+    // Every timer is due; another thread cancels every other one while this one's turn
+    // collects and delivers them: whichever wins, each timer ends exactly once, cancelled
+    // (its value handed back) or delivered, never both, never neither.
+    for round in 0..20u32 {
+        let (clock, timer, rx) = engine(3);
+        let ids: Vec<_> = (0..2_000).map(|i| timer.schedule(i, MS).unwrap()).collect();
+        clock.advance(MS);
+        let start = std::sync::Barrier::new(2);
+        let cancelled: Vec<u32> = std::thread::scope(|s| {
+            let canceller = s.spawn(|| {
+                start.wait();
+                ids.iter()
+                    .step_by(2)
+                    .filter_map(|&id| timer.cancel(id))
+                    .collect::<Vec<u32>>()
+            });
+            start.wait();
+            timer.fire_due();
+            canceller.join().unwrap()
+        });
+        timer.fire_due();
+        let delivered = fired(&rx);
+        let mut all: Vec<u32> = cancelled.iter().copied().chain(delivered).collect();
+        all.sort();
+        assert_eq!(all, (0..2_000).collect::<Vec<_>>(), "round {round}");
+        // Cancels after firing find nothing.
+        assert!(ids.iter().all(|&id| timer.cancel(id).is_none()));
+    }
 }
 
 #[test]
