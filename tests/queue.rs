@@ -1037,8 +1037,8 @@ fn leases_of_running_and_waiting_tasks_are_renewed() {
         cfg,
         p,
     } = fixture("renew", |cfg| {
-        // Renewed every 300 ms: a renewal may stall for 600 ms on a loaded machine.
-        cfg.lease = Duration::from_millis(900);
+        // Renewed every 667 ms: a renewal may stall for over a second on a loaded machine.
+        cfg.lease = Duration::from_millis(2_000);
         cfg.reaper_interval = Duration::from_millis(50);
         cfg.reconcile = Duration::from_millis(100);
         cfg.handler_threads = 1;
@@ -1048,7 +1048,7 @@ fn leases_of_running_and_waiting_tasks_are_renewed() {
         let runs = runs.clone();
         Handlers::new().on("job", move |t| {
             runs.lock().push(t.id.clone());
-            std::thread::sleep(Duration::from_millis(2_000)); // over two leases
+            std::thread::sleep(Duration::from_millis(4_500)); // over two leases
             Ok(())
         })
     };
@@ -1068,7 +1068,7 @@ fn leases_of_running_and_waiting_tasks_are_renewed() {
     wait_until("both acks", || {
         a.stats().acked + b.stats().acked == 2 && runs.lock().len() >= 2
     });
-    std::thread::sleep(Duration::from_millis(1_000)); // a lease more for a duplicate to show
+    std::thread::sleep(Duration::from_millis(2_000)); // a lease more for a duplicate to show
     let mut ran = runs.lock().clone();
     ran.sort();
     assert_eq!(ran, ["first", "second"], "a task ran twice or not at all");
@@ -1475,8 +1475,8 @@ fn a_paused_node_delays_no_other_shards_acks() {
 fn a_paused_node_delays_no_other_shards_renewals() {
     let split = SplitCluster::start("renewals", |cfg| {
         cfg.handler_threads = 3;
-        // Renewed every 400 ms.
-        cfg.lease = Duration::from_millis(1_200);
+        // Renewed every 667 ms.
+        cfg.lease = Duration::from_millis(2_000);
         cfg.reaper_interval = Duration::from_millis(50);
     });
     let on_paused = (0..)
@@ -1497,9 +1497,9 @@ fn a_paused_node_delays_no_other_shards_renewals() {
                 let _ = release.recv_timeout(Duration::from_secs(30));
             } else if t.id == warm_up {
                 // Across a renewal, so the script is loaded on every node before the pause.
-                std::thread::sleep(Duration::from_millis(600));
+                std::thread::sleep(Duration::from_millis(1_000));
             } else {
-                std::thread::sleep(Duration::from_millis(2_000)); // past its lease
+                std::thread::sleep(Duration::from_millis(3_000)); // past its lease
             }
             Ok(())
         })
