@@ -606,7 +606,7 @@ impl<S: TaskStore> Persistent<S> {
             timer: Some(timer),
             persisted: stored,
         };
-        match index.entry(id.clone()) {
+        match index.entry(id) {
             MapEntry::Vacant(slot) => {
                 slot.insert(entry);
             }
@@ -619,7 +619,7 @@ impl<S: TaskStore> Persistent<S> {
                     self.timer.cancel(t);
                 }
                 entry.persisted |= old.persisted;
-                index.insert(id, entry);
+                index.insert(TaskKey::of(&entry.envelope), entry);
             }
         }
         if let Some(envelope) = kept {
