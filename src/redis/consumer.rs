@@ -1384,7 +1384,7 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
     // task stays in `working`, so its lease is renewed once Redis is back, and the retry's
     // attempt count, backoff and reason (or the dead letter) are not lost to a lease expiry
     // that would put the old envelope back (and count as a crash). An error no retry gets
-    // past (NOPERM, OOM, a script error) is given up on after a few tries: the lease then
+    // past (NOPERM, WRONGTYPE, a script error) is given up on after a few tries: the lease then
     // runs out and the task fires again elsewhere, rather than staying leased for ever. A
     // shutdown stops this with the resolver.
     let mut wait = Duration::from_millis(50);

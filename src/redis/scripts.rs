@@ -279,8 +279,8 @@ pub(crate) static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
         r"
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[5] then return 0 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return -1 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.pcall('PUBLISH', ARGV[4], ARGV[3] .. ARGV[6])
 return 1
@@ -474,6 +474,16 @@ mod tests {
             .query(&mut conn)
             .unwrap();
         assert_eq!(dead.as_deref(), Some(record), "the dead letter is gone");
+        // Nor is an envelope left behind that would make the id look pending for ever.
+        let stored: bool = redis::cmd("HEXISTS")
+            .arg(k.tasks())
+            .arg("a")
+            .query(&mut conn)
+            .unwrap();
+        assert!(
+            !stored,
+            "the failed requeue left an envelope with no queue entry"
+        );
     }
 
     /// A task whose lease keeps running out (its consumer crashing each time) is delivered
