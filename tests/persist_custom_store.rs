@@ -929,11 +929,8 @@ fn a_row_for_a_task_cancelled_during_the_restore_is_removed() {
     p.shutdown();
 }
 
-/// Restore dead-letters a broken row; a task scheduled under the same id after the restore
-/// checked the row, and written before the dead-lettering removed the row with it, is written
-/// again afterwards: memory is the source of truth.
-#[test]
-fn a_task_scheduled_while_its_broken_row_is_dead_lettered_stays_stored() {
+/// A store of five tasks and a broken row `b`, an engine on it, and dead-lettering held back.
+fn engine_over_a_broken_row_b() -> (MemStore, Persistent<MemStore>) {
     let store = stored((0..5).map(|i| format!("t{i}")));
     store
         .table
@@ -941,14 +938,28 @@ fn a_task_scheduled_while_its_broken_row_is_dead_lettered_stays_stored() {
         .insert("b".into(), (now_ms(), b"not an envelope".to_vec()));
     let p = engine(&store);
     store.dead_paused.store(true, SeqCst);
+    (store, p)
+}
+
+/// Once a restore is dead-lettering `b` (held back), schedules a new `b` and flushes it.
+fn schedule_b_while_it_is_dead_lettered(store: &MemStore, p: &Persistent<MemStore>) {
+    wait_until("the dead-lettering to start", || {
+        store.dead_waiting.load(SeqCst) > 0
+    });
+    p.schedule("b", "t", serde_json::json!("new"), now_ms() + 3_600_000)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+}
+
+/// Restore dead-letters a broken row; a task scheduled under the same id after the restore
+/// checked the row, and written before the dead-lettering removed the row with it, is written
+/// again afterwards: memory is the source of truth.
+#[test]
+fn a_task_scheduled_while_its_broken_row_is_dead_lettered_stays_stored() {
+    let (store, p) = engine_over_a_broken_row_b();
     std::thread::scope(|s| {
         let restore = s.spawn(|| p.restore(100));
-        wait_until("the dead-lettering to start", || {
-            store.dead_waiting.load(SeqCst) > 0
-        });
-        p.schedule("b", "t", serde_json::json!("new"), now_ms() + 3_600_000)
-            .unwrap();
-        assert!(p.flush(PATIENCE));
+        schedule_b_while_it_is_dead_lettered(&store, &p);
         assert!(store.ids().contains("b"));
         store.dead_paused.store(false, SeqCst);
         assert_eq!(restore.join().unwrap().unwrap().dead_lettered, 1);
@@ -1006,21 +1017,10 @@ fn a_cancel_removes_a_broken_row_the_restore_left_for_a_held_id() {
 /// scheduled and flushed, and gone after a restart.)
 #[test]
 fn a_shutdown_during_a_restore_keeps_what_the_restore_writes_again() {
-    let store = stored((0..5).map(|i| format!("t{i}")));
-    store
-        .table
-        .lock()
-        .insert("b".into(), (now_ms(), b"not an envelope".to_vec()));
-    let p = engine(&store);
-    store.dead_paused.store(true, SeqCst);
+    let (store, p) = engine_over_a_broken_row_b();
     std::thread::scope(|s| {
         let restore = s.spawn(|| p.restore(100));
-        wait_until("the dead-lettering to start", || {
-            store.dead_waiting.load(SeqCst) > 0
-        });
-        p.schedule("b", "t", serde_json::json!("new"), now_ms() + 3_600_000)
-            .unwrap();
-        assert!(p.flush(PATIENCE));
+        schedule_b_while_it_is_dead_lettered(&store, &p);
         let shutdown = s.spawn(|| p.shutdown());
         // Time for a shutdown that does not wait to run its final round.
         std::thread::sleep(Duration::from_millis(200));
