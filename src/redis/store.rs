@@ -305,6 +305,11 @@ impl RedisStore {
 
     /// Applies a batch in one MULTI/EXEC with multi-member commands, so the ZSET and the HASH
     /// change together. When an id appears more than once, its last operation wins.
+    ///
+    /// Ops are written as given, not checked: an upsert that breaks [`Op`]'s limits (an empty
+    /// id, a due time past 2^53 − 1, an envelope naming another id) is stored, and the next
+    /// restore dead-letters it with its reason. (The engine checks each envelope when it is
+    /// scheduled; refusing a whole batch here would hold up every write behind it.)
     pub async fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
         // The last operation per id wins; the others keep their order (the flusher sends them
         // sorted by due time, which keeps Redis's skiplist inserts close together).
