@@ -380,7 +380,7 @@ fn main() {
         .iter()
         .find(|r| r.name == "delaywheel")
         .expect("ours");
-    if ours.lost > 0 || ours.duplicates > 0 {
+    if ours.lost > 0 || ours.duplicates > 0 || ours.early > 0 {
         std::process::exit(1);
     }
 }
