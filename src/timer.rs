@@ -307,26 +307,28 @@ impl<T> Core<T> {
                 Some(sink) => sink.deliver(exp, || self.stopping.load(SeqCst)),
                 None => Err(exp),
             };
-            if result.is_ok() {
-                // Locked per record, not across the loop: a delivery blocked by backpressure
-                // must not block `stats()`.
-                self.lateness.lock().record(late);
-                if late > self.lateness_warn {
-                    late_count += 1;
-                    latest = latest.max(late);
+            match result {
+                Ok(()) => {
+                    // Locked per record, not across the loop: a delivery blocked by
+                    // backpressure must not block `stats()`.
+                    self.lateness.lock().record(late);
+                    if late > self.lateness_warn {
+                        late_count += 1;
+                        latest = latest.max(late);
+                    }
                 }
-            }
-            if let Err(exp) = result {
-                self.undelivered_total.fetch_add(1, SeqCst);
-                let mut undelivered = self.undelivered.lock();
-                if undelivered.is_empty() && !self.stopping.load(SeqCst) {
-                    // Kept for `shutdown` to hand back, so they pile up until then.
-                    tracing::warn!(
-                        "the receiving side of the delivery is gone: expirations are kept \
-                         until shutdown() hands them back"
-                    );
+                Err(exp) => {
+                    self.undelivered_total.fetch_add(1, SeqCst);
+                    let mut undelivered = self.undelivered.lock();
+                    if undelivered.is_empty() && !self.stopping.load(SeqCst) {
+                        // Kept for `shutdown` to hand back, so they pile up until then.
+                        tracing::warn!(
+                            "the receiving side of the delivery is gone: expirations are kept \
+                             until shutdown() hands them back"
+                        );
+                    }
+                    undelivered.push(exp);
                 }
-                undelivered.push(exp);
             }
         }
         // A burst's buffer is not kept for the life of the engine.

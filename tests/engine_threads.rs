@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use delaywheel::{ManualClock, ScheduleError, Timer};
+use delaywheel::{Expiration, ManualClock, ScheduleError, Timer};
 
 const MS: Duration = Duration::from_millis(1);
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -249,21 +249,26 @@ fn a_panicking_callback_is_contained() {
     assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), 1);
 }
 
-#[test]
-fn stats_answer_while_the_driver_waits_on_a_full_channel() {
-    // A manual clock: all ten come due at one tick, so one turn collects them all, hands one
-    // to the channel and blocks on the next. (Not due at once: a driver woken by the first
-    // schedule could take some before the rest were scheduled.)
+/// An engine on a manual clock with `n` timers due at one tick and a channel of one: its driver
+/// has handed one over and blocks on the next. (Not due at once: a driver woken by the first
+/// schedule could take some before the rest were scheduled.)
+fn blocked_on_a_full_channel(n: u32) -> (Timer<u32>, crossbeam_channel::Receiver<Expiration<u32>>) {
     let clock = ManualClock::new();
     let (timer, rx) = Timer::builder()
         .manual_clock(&clock)
         .build_channel(Some(1))
         .unwrap();
-    for i in 0..10u32 {
+    for i in 0..n {
         timer.schedule(i, MS).unwrap();
     }
     clock.advance(MS);
     until_full(&rx);
+    (timer, rx)
+}
+
+#[test]
+fn stats_answer_while_the_driver_waits_on_a_full_channel() {
+    let (timer, rx) = blocked_on_a_full_channel(10);
     let (tx, done) = crossbeam_channel::bounded(1);
     let t = timer.clone();
     std::thread::spawn(move || tx.send(t.stats()).unwrap());
@@ -278,16 +283,7 @@ fn stats_answer_while_the_driver_waits_on_a_full_channel() {
 /// as undelivered, and their lateness is not recorded: it describes deliveries.
 #[test]
 fn stats_count_fired_timers_that_were_never_delivered_apart() {
-    let clock = ManualClock::new();
-    let (timer, rx) = Timer::builder()
-        .manual_clock(&clock)
-        .build_channel(Some(1))
-        .unwrap();
-    for i in 0..3u32 {
-        timer.schedule(i, MS).unwrap();
-    }
-    clock.advance(MS);
-    until_full(&rx);
+    let (timer, rx) = blocked_on_a_full_channel(3);
     let back = timer.shutdown();
     assert_eq!(back.len(), 2, "handed back");
     let stats = timer.stats();

@@ -393,7 +393,8 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
     // Failed snapshots back off on their own clock: journal rounds that succeed in between
     // (a store short of memory for the scratch copy still takes writes) do not reset it, or
     // a whole copy of the pending set would be taken and sent every other round.
-    let mut snapshot_backoff = SNAPSHOT_RETRY_MIN.max(inner.cfg.flush_interval);
+    let first_snapshot_backoff = SNAPSHOT_RETRY_MIN.max(inner.cfg.flush_interval);
+    let mut snapshot_backoff = first_snapshot_backoff;
     let mut snapshot_not_before: Option<Instant> = None;
     loop {
         let stopping = inner.stopping.load(SeqCst);
@@ -478,7 +479,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                 let started = Instant::now();
                 match rt.block_on(guarded("snapshot", async { store.replace_all(&ops).await })) {
                     Ok(()) => {
-                        snapshot_backoff = SNAPSHOT_RETRY_MIN.max(inner.cfg.flush_interval);
+                        snapshot_backoff = first_snapshot_backoff;
                         snapshot_not_before = None;
                         (Ok(()), Some(ops.len()))
                     }
@@ -541,11 +542,10 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         }
         let mut state = inner.state.lock();
         // A wanted snapshot held back by its own backoff is tried when that ends, even if
-        // the next round is further off.
+        // the next round is further off. Only while that time is still ahead: once it has
+        // passed, a snapshot held back (by a restore) is started by whatever ends the hold
+        // (the restore kicks), not by rounds run back to back.
         let mut wait = backoff;
-        // Only while that time is still ahead: once it has passed, a snapshot held back (by
-        // a restore) is started by whatever ends the hold (the restore kicks), not by rounds
-        // run back to back.
         if let Some(t) = snapshot_not_before.filter(|_| state.journal.snapshot_wanted) {
             let now = Instant::now();
             if t > now {

@@ -1060,10 +1060,9 @@ impl<S: TaskStore> Persistent<S> {
 
 impl<S: TaskStore> Drop for Persistent<S> {
     fn drop(&mut self) {
-        if !self.inner.stopping.load(SeqCst) {
-            // Dropped without `shutdown`: unwritten tasks cannot be handed back (logged).
-            drop(self.shutdown());
-        }
+        // A no-op after `shutdown` (or while one runs). Dropped without one, unwritten tasks
+        // cannot be handed back (they are logged).
+        drop(self.shutdown());
     }
 }
 

@@ -391,10 +391,9 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Connects to `cfg.cluster_nodes` as a cluster when there are any, else to `cfg.url`.
-    /// Connects, loads the scripts, and claims the key sets of `shards` for the queue: one a
-    /// [`Persistent`](super::Persistent) engine uses is refused with
-    /// [`QueueError::InUse`].
+    /// Connects to `cfg.cluster_nodes` as a cluster when there are any, else to `cfg.url`,
+    /// loads the scripts, and claims the key sets of `shards` for the queue: one a
+    /// [`Persistent`](super::Persistent) engine uses is refused with [`QueueError::InUse`].
     pub(crate) async fn open(cfg: &QueueConfig, shards: &[KeyLayout]) -> Result<Conn, QueueError> {
         let conn = Conn {
             conn: Link::open(&cfg.url, &cfg.cluster_nodes).await?,
