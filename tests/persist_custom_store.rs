@@ -808,13 +808,16 @@ fn the_journal_bound_counts_what_a_round_in_progress_took() {
             Err(PersistError::JournalFull(_))
         )
     };
+    // Writes are held from the start: a round the flusher starts before the schedules are all
+    // made (its first, on a slow start) holds what it took, which still counts, rather than
+    // writing it and letting more in.
+    store.paused.store(true, SeqCst);
     for i in 0..10 {
         p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
     }
     assert!(full(&p, "t10".into()));
     // A round takes the ten changes and is stuck writing them; then it fails.
-    store.paused.store(true, SeqCst);
     store.down.store(true, SeqCst);
     assert!(!p.flush(Duration::from_millis(20)));
     wait_until("the round's write to start", || {
