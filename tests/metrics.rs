@@ -53,7 +53,16 @@ fn the_engine_persistence_and_queue_publish_their_metrics() {
     timer.cancel(a);
     expired.recv_timeout(Duration::from_secs(10)).unwrap();
     timer.schedule(3u32, Duration::from_secs(60)).unwrap();
-    timer.stats();
+    // The driver records a delivery's lateness once its send returns, which may be after
+    // the consumer has it; each `stats()` publishes, so the last one read counts.
+    let start = Instant::now();
+    while timer.stats().lateness.count < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no lateness recorded"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let m = seen.read(&snapshotter).clone();
     assert_eq!(m["delaywheel_scheduled_total"].0, 3);
     assert_eq!(m["delaywheel_cancelled_total"].0, 1);
