@@ -1037,6 +1037,42 @@ fn a_shutdown_during_a_restore_keeps_what_the_restore_writes_again() {
     assert!(matches!(p.restore(100), Err(PersistError::Stopped)));
 }
 
+/// A second `shutdown` (from another thread) returns only once the first has finished, so
+/// that whichever caller it is may take the engine as stopped. It returned at once, while the
+/// first still waited for a restore and had not run the flusher's final round.
+#[test]
+fn a_second_shutdown_returns_once_the_first_has_finished() {
+    let store = stored((0..30).map(|i| format!("t{i}")));
+    let p = engine(&store);
+    store.rows_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(10));
+        wait_until("the restore's second page", || {
+            store.rows_waiting.load(SeqCst) > 0
+        });
+        // Whichever comes first does the work, and waits for the held restore.
+        let shutdowns = [s.spawn(|| p.shutdown()), s.spawn(|| p.shutdown())];
+        // Ample time for a call that does not wait to return.
+        std::thread::sleep(Duration::from_millis(300));
+        let returned = shutdowns.iter().filter(|h| h.is_finished()).count();
+        store.rows_paused.store(false, SeqCst);
+        assert_eq!(
+            returned, 0,
+            "a shutdown returned while the restore was held"
+        );
+        for h in shutdowns {
+            assert!(h.join().unwrap().is_empty(), "tasks left unwritten");
+        }
+        let _ = restore.join().unwrap();
+    });
+    assert!(matches!(p.restore(10), Err(PersistError::Stopped)));
+    assert_eq!(
+        store.ids().len(),
+        30,
+        "the stored tasks stay for the next process"
+    );
+}
+
 /// A shutdown while the store is down hands back the tasks it could not write, so the
 /// caller can keep them elsewhere (they were logged and dropped). A second call, and a flush
 /// with nothing journaled, answer at once.

@@ -350,6 +350,9 @@ pub(super) struct Inner {
     pub(super) stopping: AtomicBool,
     /// `shutdown` has begun (the first call does the work).
     shut_down: AtomicBool,
+    /// The first `shutdown` has finished; later calls wait for it on `shutdown_over`.
+    shutdown_done: Mutex<bool>,
+    shutdown_over: Condvar,
 }
 
 impl Inner {
@@ -493,6 +496,8 @@ impl<S: TaskStore> Persistent<S> {
             kick: Condvar::new(),
             stopping: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
+            shutdown_done: Mutex::new(false),
+            shutdown_over: Condvar::new(),
         });
         let fire = {
             let inner = inner.clone();
@@ -994,13 +999,33 @@ impl<S: TaskStore> Persistent<S> {
     /// the writes at the end), so that the caller can keep them elsewhere: without that, the
     /// next process would not know them, or would restore an older version. Removals that
     /// could not be written (cancels, acks) are not returned: the next process restores those
-    /// tasks and they fire again, as at-least-once delivery allows. Both are logged. A second
-    /// call returns an empty list at once, also while the first is still at work. A restore
+    /// tasks and they fire again, as at-least-once delivery allows. Both are logged. A restore
     /// in progress stops at its next page, and is waited for up to 10 s.
+    ///
+    /// A second call (from another thread, or after the first) returns an empty list once the
+    /// first call has finished, so that whichever returns, the engine has stopped.
     pub fn shutdown(&self) -> Vec<Envelope> {
         if self.inner.shut_down.swap(true, SeqCst) {
+            let mut done = self.inner.shutdown_done.lock();
+            while !*done {
+                self.inner.shutdown_over.wait(&mut done);
+            }
             return Vec::new();
         }
+        // Set on the way out, also should `stop` unwind, so later calls never wait for ever.
+        struct Over<'a>(&'a Inner);
+        impl Drop for Over<'_> {
+            fn drop(&mut self) {
+                *self.0.shutdown_done.lock() = true;
+                self.0.shutdown_over.notify_all();
+            }
+        }
+        let _over = Over(&self.inner);
+        self.stop()
+    }
+
+    /// The work of the first `shutdown`.
+    fn stop(&self) -> Vec<Envelope> {
         if !self.flush(Duration::from_secs(5)) {
             tracing::warn!(
                 unflushed = self.journal_depth(),
@@ -1060,7 +1085,7 @@ impl<S: TaskStore> Persistent<S> {
 
 impl<S: TaskStore> Drop for Persistent<S> {
     fn drop(&mut self) {
-        // A no-op after `shutdown` (or while one runs). Dropped without one, unwritten tasks
+        // A no-op after `shutdown`. Dropped without one, unwritten tasks
         // cannot be handed back (they are logged).
         drop(self.shutdown());
     }
