@@ -615,7 +615,7 @@ fn fire(shared: &Shared, c: Claimed) {
     let late_us = now_us().saturating_sub(c.envelope.due_at.saturating_mul(1_000));
     // Saturating: a backlog hours late (after an outage) counts at the histogram's top,
     // rather than being left out of the maximum.
-    shared.lateness.lock().saturating_record(late_us.max(1));
+    shared.lateness.lock().saturating_record(late_us);
     metrics::histogram!("delaywheel_queue_lateness_seconds").record(late_us as f64 / 1e6);
     shared.counters.fired.fetch_add(1, Relaxed);
     metrics::counter!("delaywheel_queue_fired_total").increment(1);
