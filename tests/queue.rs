@@ -899,6 +899,8 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
         // Beyond a cluster's slots: refused before a key set is built for each.
         |c: &mut QueueConfig| c.shards = u32::MAX,
         |c: &mut QueueConfig| c.handler_threads = 1_025,
+        // Leases are counted in whole ms: a shorter one would end at the due time.
+        |c: &mut QueueConfig| c.lease = Duration::from_micros(999),
     ] {
         let mut bad = cfg.clone();
         tweak(&mut bad);

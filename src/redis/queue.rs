@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::envelope::{Envelope, EnvelopeError};
 use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
@@ -105,8 +105,9 @@ pub struct QueueConfig {
     pub batch: usize,
     /// Claimed tasks a consumer holds at most (default 100 000); it claims less beyond that.
     pub max_held: usize,
-    /// A claimed task's lease runs until `max(due, now) + lease` (default 30 s), unless
-    /// renewed; past that the reaper hands it to another consumer.
+    /// A claimed task's lease runs until `max(due, now) + lease` (default 30 s; at least
+    /// 1 ms, and counted in whole ms), unless renewed; past that the reaper hands it to
+    /// another consumer.
     pub lease: Duration,
     /// Whether a consumer extends, every `lease / 3`, the leases of the tasks it is working
     /// on: due ones waiting for a handler thread, and those whose handler runs or whose
@@ -196,10 +197,14 @@ impl QueueConfig {
         if self.retry.max_attempts == 0 {
             return Err(QueueError::Config("retry.max_attempts must be at least 1"));
         }
-        if self.reconcile.is_zero() || self.reaper_interval.is_zero() || self.lease.is_zero() {
+        if self.reconcile.is_zero() || self.reaper_interval.is_zero() {
             return Err(QueueError::Config(
-                "reconcile, reaper_interval and lease must be positive",
+                "reconcile and reaper_interval must be positive",
             ));
+        }
+        // Leases are written in whole ms: a shorter one would end at the due time.
+        if self.lease < Duration::from_millis(1) {
+            return Err(QueueError::Config("lease must be at least 1 ms"));
         }
         let day = Duration::from_secs(86_400);
         if [
@@ -358,8 +363,14 @@ impl When {
     fn due_ms(self) -> u64 {
         match self {
             When::At(ms) => ms,
+            // The clock and the delay to the nanosecond, rounded up to the millisecond: each
+            // rounded down on its own would make the task due up to 2 ms early.
             When::After(d) => {
-                now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                u64::try_from(now.saturating_add(d).as_nanos().div_ceil(1_000_000))
+                    .unwrap_or(u64::MAX)
             }
         }
     }
@@ -715,5 +726,26 @@ fn parse_dead(id: String, record: &str) -> DeadTask {
         at: v["at"].as_u64().unwrap_or(0),
         attempt: v["attempt"].as_u64().unwrap_or(0) as u32,
         raw: v["raw"].as_str().unwrap_or(record).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A delay is counted from the clock to the nanosecond and rounded up: with both rounded
+    /// down to the ms, a task 1.9 ms out was due about 1 ms after the call, or at once.
+    #[test]
+    fn a_delay_never_makes_a_task_due_early() {
+        for delay_us in [1, 999, 1_000, 1_001, 1_900, 2_500_000] {
+            let delay = Duration::from_micros(delay_us);
+            let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+            let due_ms = When::After(delay).due_ms();
+            assert!(
+                u128::from(due_ms) * 1_000_000 >= (before + delay).as_nanos(),
+                "{delay:?} from {before:?} is due at {due_ms} ms"
+            );
+        }
+        assert_eq!(When::After(Duration::MAX).due_ms(), u64::MAX);
     }
 }
