@@ -36,6 +36,8 @@ struct MemStore {
     /// `dead_letter` waits while it is set, counting the calls that wait.
     dead_paused: Arc<AtomicBool>,
     dead_waiting: Arc<AtomicUsize>,
+    /// `dead_letter` applies its removal, then fails (a reply lost).
+    dead_reply_lost: Arc<AtomicBool>,
     /// Dead-lettered rows: id → reason.
     dead: Arc<Mutex<BTreeMap<String, String>>>,
     /// When set to n > 0, the n-th `apply` from then on fails (once).
@@ -192,7 +194,11 @@ impl TaskStore for MemStore {
                     rows.remove(&b.id);
                     dead.insert(b.id.clone(), format!("{:?}", b.reason));
                 }
-            })
+            })?;
+            if this.dead_reply_lost.load(SeqCst) {
+                return Err(StoreError::new("the dead-lettering's reply was lost"));
+            }
+            Ok(())
         }
     }
 
@@ -952,6 +958,46 @@ fn schedule_b_while_it_is_dead_lettered(store: &MemStore, p: &Persistent<MemStor
     p.schedule("b", "t", serde_json::json!("new"), now_ms() + 3_600_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
+}
+
+/// As below, with the dead-lettering's reply lost after the store applied it: the restore
+/// fails, and the task held under the id must still be written again. It was left out of the
+/// store, with `flush` and `shutdown` reporting nothing unwritten.
+#[test]
+fn a_task_whose_row_a_failed_dead_lettering_removed_is_written_again() {
+    let (store, p) = engine_over_a_broken_row_b();
+    store.dead_reply_lost.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(100));
+        schedule_b_while_it_is_dead_lettered(&store, &p);
+        store.dead_paused.store(false, SeqCst);
+        assert!(matches!(
+            restore.join().unwrap(),
+            Err(PersistError::Store(_))
+        ));
+    });
+    assert!(p.flush(PATIENCE));
+    assert!(store.ids().contains("b"), "the task's row is gone");
+    assert!(p.shutdown().is_empty());
+}
+
+/// "Rounds only when asked for" (a flush interval of `Duration::MAX`) and a snapshot that
+/// fails: its backoff overflowed an `Instant`, and the flusher thread panicked with the
+/// round's changes, which were then neither written nor handed back.
+#[test]
+fn a_failed_snapshot_with_the_longest_flush_interval_keeps_the_flusher() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::MAX;
+    let p = Persistent::with_store(cfg, store.clone()).unwrap().0;
+    p.restore(100).unwrap();
+    p.schedule("a", "t", serde_json::json!(1), now_ms() + 3_600_000)
+        .unwrap();
+    store.snapshots_fail.store(true, SeqCst);
+    assert_eq!(p.snapshot(Duration::from_millis(200)), None);
+    assert!(p.flush(PATIENCE), "the journal round after the snapshot");
+    assert!(store.ids().contains("a"));
+    assert!(p.shutdown().is_empty());
 }
 
 /// Restore dead-letters a broken row; a task scheduled under the same id after the restore

@@ -393,7 +393,10 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
     // Failed snapshots back off on their own clock: journal rounds that succeed in between
     // (a store short of memory for the scratch copy still takes writes) do not reset it, or
     // a whole copy of the pending set would be taken and sent every other round.
-    let first_snapshot_backoff = SNAPSHOT_RETRY_MIN.max(inner.cfg.flush_interval);
+    // (Within the maximum: a flush interval may be as long as `Duration::MAX`.)
+    let first_snapshot_backoff = SNAPSHOT_RETRY_MIN
+        .max(inner.cfg.flush_interval)
+        .min(SNAPSHOT_RETRY_MAX);
     let mut snapshot_backoff = first_snapshot_backoff;
     let mut snapshot_not_before: Option<Instant> = None;
     loop {
@@ -487,7 +490,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         // At least as long as the attempt took: a snapshot of a large set that
                         // fails late must not be sent again at once.
                         snapshot_backoff = snapshot_backoff.max(started.elapsed());
-                        snapshot_not_before = Some(Instant::now() + snapshot_backoff);
+                        snapshot_not_before = Instant::now().checked_add(snapshot_backoff);
                         snapshot_backoff =
                             snapshot_backoff.saturating_mul(2).min(SNAPSHOT_RETRY_MAX);
                         // The store is as it was: the changes the snapshot took are still to be

@@ -852,27 +852,31 @@ impl<S: TaskStore> Persistent<S> {
             if !page.broken.is_empty() {
                 let (store, broken) = (self.store.clone(), page.broken.clone());
                 let at = self.inner.cfg.clock.now_ms();
-                wait_on(&self.rt, async move {
+                let buried = wait_on(&self.rt, async move {
                     guarded("dead-letter", async {
                         store.dead_letter(&broken, at).await
                     })
                     .await
-                })
-                .ok_or_else(runtime_stopped)?
-                .map_err(PersistError::Store)?;
-                report.dead_lettered += page.broken.len();
+                });
                 // An id scheduled between the check above and the dead-lettering may have been
                 // written meanwhile, and the dead-lettering removed that row with the broken
-                // one: write the task held again.
-                let mut state = self.inner.state.lock();
-                let State { index, journal, .. } = &mut *state;
-                for b in &page.broken {
-                    if let Some(entry) = index.get_mut(b.id.as_str()) {
-                        entry.persisted = true;
-                        let due_at = entry.envelope.due_at;
-                        journal.record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
+                // one: write the task held again. Also when the call failed: its removal may
+                // have been applied with only the reply lost.
+                {
+                    let mut state = self.inner.state.lock();
+                    let State { index, journal, .. } = &mut *state;
+                    for b in &page.broken {
+                        if let Some(entry) = index.get_mut(b.id.as_str()) {
+                            entry.persisted = true;
+                            let due_at = entry.envelope.due_at;
+                            journal.record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
+                        }
                     }
                 }
+                buried
+                    .ok_or_else(runtime_stopped)?
+                    .map_err(PersistError::Store)?;
+                report.dead_lettered += page.broken.len();
             }
             let anchor = self.inner.cfg.clock.anchor();
             let now = anchor.wall_ms();
