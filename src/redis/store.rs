@@ -26,6 +26,31 @@ return 1
     )
 });
 
+/// KEYS: due, tasks, dead. ARGV: per entry, its id, `1` or `0` (whether an envelope was read
+/// for it), the envelope read, and its dead record. Moves each entry whose envelope is still
+/// the one read (or still missing) to the dead letters, and leaves the others: rewritten
+/// since they were read, they are no longer the broken entry. Returns 1 or 0 per entry.
+static DEAD_LETTER: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local buried = {}
+for i = 1, #ARGV, 4 do
+  local id, read, raw, record = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local now = redis.call('HGET', KEYS[2], id)
+  if (read == '1' and now == raw) or (read == '0' and not now) then
+    redis.call('HSET', KEYS[3], id, record)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    buried[#buried + 1] = 1
+  else
+    buried[#buried + 1] = 0
+  end
+end
+return buried
+",
+    )
+});
+
 /// One change to the stored set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -499,20 +524,36 @@ impl RedisStore {
     }
 
     /// Moves broken entries to the dead-letter hash with their reason, the raw bytes and the
-    /// time (ms since the epoch), and removes them from the live keys, in one transaction.
+    /// time (ms since the epoch), and removes them from the live keys, in one script. An entry
+    /// whose envelope is no longer the one read (`raw`; rewritten since, by an engine that
+    /// scheduled the id again) is left as it is.
     pub async fn dead_letter(&self, broken: &[Broken], now_ms: u64) -> Result<(), StoreError> {
         if broken.is_empty() {
             return Ok(());
         }
-        let entries: Vec<(&[u8], String)> = broken
-            .iter()
-            .map(|b| {
+        let mut script = DEAD_LETTER.prepare_invoke();
+        script
+            .key(self.keys.due())
+            .key(self.keys.tasks())
+            .key(self.keys.dead());
+        for b in broken {
+            let record = dead_record(&b.reason.to_string(), b.raw.as_deref(), now_ms);
+            script
+                .arg(b.id.as_str())
+                .arg(if b.raw.is_some() { "1" } else { "0" })
+                .arg(b.raw.as_deref().unwrap_or_default())
+                .arg(record);
+        }
+        let mut conn = self.conn.clone();
+        let buried: Vec<u8> = script.invoke_async(&mut conn).await?;
+        for (b, buried) in broken.iter().zip(buried) {
+            if buried == 1 {
                 tracing::warn!(id = %b.id, reason = %b.reason, "task dead-lettered");
-                let record = dead_record(&b.reason.to_string(), b.raw.as_deref(), now_ms);
-                (b.id.as_bytes(), record)
-            })
-            .collect();
-        self.bury(&entries).await
+            } else {
+                tracing::info!(id = %b.id, reason = %b.reason, "broken task rewritten since it was read: left as it is");
+            }
+        }
+        Ok(())
     }
 
     /// Moves `entries` (a member, its dead record) to the dead-letter hash and out of the live

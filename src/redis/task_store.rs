@@ -34,7 +34,9 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Rows, StoreError>> + Send;
 
     /// Moves broken entries out of the live set into a dead-letter place, with their reason and
-    /// the time `now_ms`.
+    /// the time `now_ms`. An entry rewritten since it was read (its envelope is no longer
+    /// [`Broken::raw`]) should be left as it is, if the store can tell: the engine writes such
+    /// an id again after the call, but a crash before that write would lose its task.
     fn dead_letter(
         &self,
         broken: &[Broken],
