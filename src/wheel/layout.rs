@@ -11,9 +11,12 @@ use std::fmt;
 /// earliest deadline, the whole tier is re-examined, so a layout with a small range and many
 /// far timers spread over many epochs pays O(overflow timers) per epoch.
 ///
-/// The default is 8 levels of 256 slots, which covers all of `u64` (no overflow tier): a
-/// timer due within 256 ticks sits on level 0, within 65 536 ticks (65 s at 1 ms) on level 1,
-/// and so on, so a typical timeout is moved at most once before it fires. Narrower levels
+/// The default is 8 levels of 256 slots, which covers all of `u64` (no overflow tier). A
+/// level is chosen by the highest bit in which the deadline differs from the wheel's current
+/// tick (aligned blocks, as in tokio), not by distance: a timer due in the current block of
+/// 256 ticks sits on level 0, one in the current block of 65 536 ticks (65 s at 1 ms) on
+/// level 1, and so on (a deadline just past a block boundary goes one level up, however near),
+/// so a typical timeout is moved at most once or twice before it fires. Narrower levels
 /// (6 of 64, as in tokio) move timers more often; see the benchmarks.
 ///
 /// ```
@@ -121,8 +124,11 @@ impl Layout {
         1 << self.slot_bits
     }
 
-    /// How many ticks past the wheel's current time a deadline can be before it waits in the
-    /// overflow tier, or `None` when the levels cover all of `u64` and there is no overflow tier.
+    /// The span of ticks the levels cover (`slots_per_level^levels`), or `None` when they cover
+    /// all of `u64` and there is no overflow tier. Levels are aligned blocks: a deadline in the
+    /// block of this span that holds the wheel's current tick sits on a level, and one past
+    /// the block's end waits in the overflow tier, however near (it still fires on time). So a
+    /// deadline within `range()` ticks may overflow; one within the block never does.
     pub const fn range(&self) -> Option<u64> {
         let bits = self.range_bits();
         if bits >= 64 {

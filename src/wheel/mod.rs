@@ -85,8 +85,8 @@ pub struct Expired<T> {
     pub value: T,
 }
 
-/// [`Wheel::try_insert`] refused a timer because `u32::MAX` timers are already pending.
-/// The value is handed back.
+/// [`Wheel::try_insert`] refused a timer because no record index is free (`u32::MAX` timers
+/// pending, fewer with retired records: see [`Wheel::try_insert`]). The value is handed back.
 #[derive(Clone, PartialEq, Eq)]
 pub struct CapacityError<T>(pub T);
 
@@ -281,8 +281,8 @@ impl<T> Wheel<T> {
     ///
     /// # Panics
     ///
-    /// When `u32::MAX` timers are already pending (like `Vec::push` on capacity overflow).
-    /// [`try_insert`](Self::try_insert) returns the value instead.
+    /// When no record index is free, as for [`try_insert`](Self::try_insert), which returns the
+    /// value instead (like `Vec::push` on capacity overflow).
     pub fn insert(&mut self, deadline: u64, value: T) -> TimerKey {
         match self.try_insert(deadline, value) {
             Ok(key) => key,
@@ -290,8 +290,9 @@ impl<T> Wheel<T> {
         }
     }
 
-    /// Like [`insert`](Self::insert), but hands the value back in a [`CapacityError`] when
-    /// `u32::MAX` timers are already pending, instead of panicking.
+    /// Like [`insert`](Self::insert), but hands the value back in a [`CapacityError`] when every
+    /// record index is in use, instead of panicking: at most `u32::MAX` timers pending, fewer
+    /// once records whose generation ran out (each index reused 2^31 times) are retired.
     #[inline]
     pub fn try_insert(&mut self, deadline: u64, value: T) -> Result<TimerKey, CapacityError<T>> {
         let key = self.keys.alloc(deadline, value).map_err(CapacityError)?;
