@@ -1119,6 +1119,36 @@ fn a_second_shutdown_returns_once_the_first_has_finished() {
     );
 }
 
+/// A restore whose store call hangs holds `shutdown` back for 10 s at most (it may still
+/// journal corrections the final round must carry); then the engine shuts down without it.
+#[test]
+fn shutdown_waits_for_a_hung_restore_10_s_at_most() {
+    let store = stored((0..30).map(|i| format!("t{i}")));
+    let p = engine(&store);
+    store.rows_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let restore = s.spawn(|| p.restore(10));
+        wait_until("the restore's second page", || {
+            store.rows_waiting.load(SeqCst) > 0
+        });
+        let start = Instant::now();
+        let back = p.shutdown();
+        let took = start.elapsed();
+        store.rows_paused.store(false, SeqCst);
+        assert!(back.is_empty(), "{back:?}");
+        assert!(
+            (Duration::from_secs(9)..Duration::from_secs(30)).contains(&took),
+            "shutdown took {took:?} with a restore hung for a minute"
+        );
+        let _ = restore.join().unwrap();
+    });
+    assert_eq!(
+        store.ids().len(),
+        30,
+        "the stored tasks stay for the next process"
+    );
+}
+
 /// A shutdown while the store is down hands back the tasks it could not write, so the
 /// caller can keep them elsewhere (they were logged and dropped). A second call, and a flush
 /// with nothing journaled, answer at once.
