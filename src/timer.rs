@@ -38,8 +38,8 @@ use crate::wheel::{Expired, Layout, TimerKey};
 
 /// Names a scheduled timer: its shard and its key in that shard's wheel. Ids are
 /// generation-checked: once the timer fired or was cancelled, operations on the id return
-/// `None`/`false`. (The generation has 32 bits: an id kept while its slot is reused 2^31 times
-/// could name the newer timer.)
+/// `None`/`false`, also after the slot was reused (a record is retired before its 32-bit
+/// generation could wrap).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TimerId {
     engine: u32,
