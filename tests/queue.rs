@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
-    now_ms, shard_of, Backoff, Consumer, Handlers, PersistConfig, PersistError, Persistent,
-    Producer, QueueConfig, QueueError, RetryPolicy, When,
+    now_ms, shard_of, Backoff, Consumer, Handlers, KeyLayout, PersistConfig, PersistError,
+    Persistent, Producer, QueueConfig, QueueError, RedisStore, RetryPolicy, When,
 };
 use parking_lot::Mutex;
 use queue_kit::*;
@@ -675,6 +675,18 @@ fn a_queue_and_a_persistent_engine_cannot_share_a_namespace() {
         }
         Err(e) => panic!("the persistent engine got {e}"),
         Ok(_) => panic!("a persistent engine took a queue shard's keys"),
+    }
+    // Also through `with_store`, with a store opened by hand.
+    let store = rt
+        .block_on(RedisStore::connect(
+            &server.url(),
+            KeyLayout::new("jobs:1").unwrap(),
+        ))
+        .unwrap();
+    match Persistent::with_store(PersistConfig::new("unused://", "unused"), store) {
+        Err(PersistError::InUse(e)) => assert_eq!(e.by, "queue"),
+        Err(e) => panic!("with_store got {e}"),
+        Ok(_) => panic!("with_store took a queue shard's keys"),
     }
     // The sharded queue's keys are `{jobs:0}` and `{jobs:1}`: `{jobs}` is free.
     let (free, _fired_free) = Persistent::start(PersistConfig::new(server.url(), "jobs")).unwrap();

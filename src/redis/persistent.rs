@@ -454,18 +454,15 @@ impl Persistent<RedisStore> {
         )
         .ok_or_else(runtime_stopped)?
         .map_err(PersistError::Store)?;
-        let claiming = store.clone();
-        wait_on(&rt, async move { claiming.claim().await })
-            .ok_or_else(runtime_stopped)?
-            .map_err(PersistError::InUse)?;
         Persistent::launch(cfg, store, rt)
     }
 }
 
 impl<S: TaskStore> Persistent<S> {
     /// Starts the engine on another store (`cfg.url`, `cfg.cluster_nodes` and `cfg.namespace`
-    /// are not used). The
-    /// store's futures run on the engine's own tokio runtime (one worker thread).
+    /// are not used), after [`TaskStore::claim`] (a [`RedisStore`] on a queue's namespace is
+    /// refused with [`PersistError::InUse`]). The store's futures run on the engine's own
+    /// tokio runtime (one worker thread).
     pub fn with_store(
         cfg: PersistConfig,
         store: S,
@@ -480,6 +477,14 @@ impl<S: TaskStore> Persistent<S> {
         store: S,
         rt: Arc<OwnedRuntime>,
     ) -> Result<(Persistent<S>, Receiver<Envelope>), PersistError> {
+        // Before anything starts: a namespace another role uses is refused.
+        let claiming = store.clone();
+        wait_on(&rt, async move {
+            guarded("claim", async { Ok(claiming.claim().await) }).await
+        })
+        .ok_or_else(runtime_stopped)?
+        .map_err(PersistError::Store)?
+        .map_err(PersistError::InUse)?;
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound);
         let anchor = cfg.clock.anchor();
         let inner = Arc::new(Inner {

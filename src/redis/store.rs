@@ -718,4 +718,8 @@ impl TaskStore for RedisStore {
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
         RedisStore::replace_all(self, tasks)
     }
+
+    fn claim(&self) -> impl Future<Output = Result<(), NamespaceInUse>> + Send {
+        RedisStore::claim(self)
+    }
 }

@@ -10,6 +10,7 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 
+use super::layout::NamespaceInUse;
 use super::store::{Broken, Op, Rows, StoreError};
 
 /// Where a [`Persistent`](super::Persistent) engine keeps its pending tasks.
@@ -46,6 +47,15 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// Replaces the whole live set with the upserts in `tasks` (a `Remove` in it is ignored),
     /// atomically: a reader sees the old set or the new one, never a mix.
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Claims the store's key space for a [`Persistent`](super::Persistent) engine, once, as it
+    /// starts ([`Persistent::start`](super::Persistent::start) and
+    /// [`with_store`](super::Persistent::with_store)): refused with [`NamespaceInUse`] when
+    /// another role (a queue) uses it, and the engine does not start. The default claims
+    /// nothing; [`RedisStore`](super::RedisStore) claims its namespace's `{ns}:kind` key.
+    fn claim(&self) -> impl Future<Output = Result<(), NamespaceInUse>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// Runs a store call (built inside `call`, so a panic while building it counts too), and turns
