@@ -1090,27 +1090,24 @@ fn a_shutdown_during_a_restore_keeps_what_the_restore_writes_again() {
 fn a_second_shutdown_returns_once_the_first_has_finished() {
     let store = stored((0..30).map(|i| format!("t{i}")));
     let p = engine(&store);
-    store.rows_paused.store(true, SeqCst);
-    std::thread::scope(|s| {
-        let restore = s.spawn(|| p.restore(10));
-        wait_until("the restore's second page", || {
-            store.rows_waiting.load(SeqCst) > 0
-        });
-        // Whichever comes first does the work, and waits for the held restore.
-        let shutdowns = [s.spawn(|| p.shutdown()), s.spawn(|| p.shutdown())];
-        // Ample time for a call that does not wait to return.
-        std::thread::sleep(Duration::from_millis(300));
-        let returned = shutdowns.iter().filter(|h| h.is_finished()).count();
-        store.rows_paused.store(false, SeqCst);
-        assert_eq!(
-            returned, 0,
-            "a shutdown returned while the restore was held"
-        );
-        for h in shutdowns {
-            assert!(h.join().unwrap().is_empty(), "tasks left unwritten");
-        }
-        let _ = restore.join().unwrap();
+    let (returned, _) = during_a_held_restore(&store, &p, || {
+        std::thread::scope(|s| {
+            // Whichever comes first does the work, and waits for the held restore.
+            let shutdowns = [s.spawn(|| p.shutdown()), s.spawn(|| p.shutdown())];
+            // Ample time for a call that does not wait to return.
+            std::thread::sleep(Duration::from_millis(300));
+            let returned = shutdowns.iter().filter(|h| h.is_finished()).count();
+            store.rows_paused.store(false, SeqCst);
+            for h in shutdowns {
+                assert!(h.join().unwrap().is_empty(), "tasks left unwritten");
+            }
+            returned
+        })
     });
+    assert_eq!(
+        returned, 0,
+        "a shutdown returned while the restore was held"
+    );
     assert!(matches!(p.restore(10), Err(PersistError::Stopped)));
     assert_eq!(
         store.ids().len(),
@@ -1125,23 +1122,16 @@ fn a_second_shutdown_returns_once_the_first_has_finished() {
 fn shutdown_waits_for_a_hung_restore_10_s_at_most() {
     let store = stored((0..30).map(|i| format!("t{i}")));
     let p = engine(&store);
-    store.rows_paused.store(true, SeqCst);
-    std::thread::scope(|s| {
-        let restore = s.spawn(|| p.restore(10));
-        wait_until("the restore's second page", || {
-            store.rows_waiting.load(SeqCst) > 0
-        });
+    let ((took, back), _) = during_a_held_restore(&store, &p, || {
         let start = Instant::now();
         let back = p.shutdown();
-        let took = start.elapsed();
-        store.rows_paused.store(false, SeqCst);
-        assert!(back.is_empty(), "{back:?}");
-        assert!(
-            (Duration::from_secs(9)..Duration::from_secs(30)).contains(&took),
-            "shutdown took {took:?} with a restore hung for a minute"
-        );
-        let _ = restore.join().unwrap();
+        (start.elapsed(), back)
     });
+    assert!(back.is_empty(), "{back:?}");
+    assert!(
+        (Duration::from_secs(9)..Duration::from_secs(30)).contains(&took),
+        "shutdown took {took:?} with a restore hung for a minute"
+    );
     assert_eq!(
         store.ids().len(),
         30,
