@@ -234,12 +234,13 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
             ("stray", true)
         ]
     );
-    // Two are rewritten after they were read (an engine scheduled the ids again): they are
-    // no longer broken, and stay.
+    // Three are rewritten after they were read (an engine scheduled the ids again): they are
+    // no longer broken, and stay. One with the very envelope it had, and a valid score now.
     store
         .apply(&[
             upsert(&envelope("no-envelope", 80)),
             upsert(&envelope("stray", 90)),
+            upsert(&envelope("fractional", 1)),
         ])
         .await
         .unwrap();
@@ -250,6 +251,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
     assert_eq!(
         tasks,
         vec![
+            envelope("fractional", 1),
             envelope("good", 42),
             envelope("no-envelope", 80),
             envelope("stray", 90)
@@ -262,7 +264,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
         .unwrap();
     let mut dead_ids: Vec<&str> = dead.keys().map(String::as_str).collect();
     dead_ids.sort_unstable();
-    assert_eq!(dead_ids, ["fractional", "garbage", "negative"]);
+    assert_eq!(dead_ids, ["garbage", "negative"]);
     let garbage: serde_json::Value = serde_json::from_str(&dead["garbage"]).unwrap();
     assert_eq!(garbage["raw"], "{not json");
     assert_eq!(garbage["at"], 123);

@@ -191,8 +191,8 @@ fn upsert_op(envelope: &Envelope) -> Option<Op> {
     }
 }
 
-/// The first wait before a failed snapshot is tried again (or the flush interval, if longer);
-/// it doubles with each failure, up to [`SNAPSHOT_RETRY_MAX`].
+/// The first wait before a failed snapshot is tried again (or the flush interval, if longer,
+/// up to [`SNAPSHOT_RETRY_MAX`]); it doubles with each failure, up to that maximum.
 const SNAPSHOT_RETRY_MIN: Duration = Duration::from_millis(20);
 const SNAPSHOT_RETRY_MAX: Duration = Duration::from_secs(10);
 

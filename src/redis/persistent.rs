@@ -220,7 +220,8 @@ pub fn now_ms() -> u64 {
 pub struct RestoreReport {
     /// Tasks loaded into the wheel (overdue ones fire per [`Overdue`]).
     pub loaded: usize,
-    /// Broken entries moved to the dead-letter hash.
+    /// Broken entries handed to the store's dead-lettering (a [`RedisStore`] leaves those
+    /// rewritten since they were read in place, and this still counts them).
     pub dead_lettered: usize,
     /// Loaded tasks that were already due (fired per [`Overdue`]).
     pub overdue: usize,

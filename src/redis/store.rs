@@ -27,17 +27,22 @@ return 1
 });
 
 /// KEYS: due, tasks, dead. ARGV: per entry, its id, `1` or `0` (whether an envelope was read
-/// for it), the envelope read, and its dead record. Moves each entry whose envelope is still
-/// the one read (or still missing) to the dead letters, and leaves the others: rewritten
-/// since they were read, they are no longer the broken entry. Returns 1 or 0 per entry.
+/// for it), the envelope read, its dead record, and the score read if that is what is broken
+/// (else empty). Moves each entry whose envelope (and broken score) is still the one read (or
+/// still missing) to the dead letters, and leaves the others: rewritten since they were read,
+/// they are no longer the broken entry. Returns 1 or 0 per entry.
 static DEAD_LETTER: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
         r"
 local buried = {}
-for i = 1, #ARGV, 4 do
-  local id, read, raw, record = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+for i = 1, #ARGV, 5 do
+  local id, read, raw, record, score = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local now = redis.call('HGET', KEYS[2], id)
-  if (read == '1' and now == raw) or (read == '0' and not now) then
+  local same = (read == '1' and now == raw) or (read == '0' and not now)
+  if same and score ~= '' then
+    same = redis.call('ZSCORE', KEYS[1], id) == score
+  end
+  if same then
     redis.call('HSET', KEYS[3], id, record)
     redis.call('ZREM', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)
@@ -542,7 +547,12 @@ impl RedisStore {
                 .arg(b.id.as_str())
                 .arg(if b.raw.is_some() { "1" } else { "0" })
                 .arg(b.raw.as_deref().unwrap_or_default())
-                .arg(record);
+                .arg(record)
+                .arg(match &b.reason {
+                    // As ZSCAN gave it, which is as ZSCORE gives it.
+                    BrokenReason::BadScore(score) => score.as_str(),
+                    _ => "",
+                });
         }
         let mut conn = self.conn.clone();
         let buried: Vec<u8> = script.invoke_async(&mut conn).await?;
