@@ -399,6 +399,17 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         .min(SNAPSHOT_RETRY_MAX);
     let mut snapshot_backoff = first_snapshot_backoff;
     let mut snapshot_not_before: Option<Instant> = None;
+    // No round at start: nothing can be journaled before the engine is handed out, so the
+    // first round is the first one asked for (a kick) or due (the interval). A round run at
+    // whatever moment this thread happens to start would be one nobody can tell apart from a
+    // round a caller asked for.
+    {
+        let mut state = inner.state.lock();
+        if !inner.stopping.load(SeqCst) && !state.journal.kicked {
+            inner.kick.wait_for(&mut state, inner.cfg.flush_interval);
+        }
+        state.journal.kicked = false;
+    }
     loop {
         let stopping = inner.stopping.load(SeqCst);
         // The final round takes everything, whatever the state of the store.

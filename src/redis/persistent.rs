@@ -373,7 +373,11 @@ impl Inner {
         deadline: Option<Instant>,
     ) -> bool {
         while state.journal.flushed < target {
-            self.kick(&mut state.journal);
+            // A round under way that reaches the target needs no kick: one now would ask for
+            // a further round after it, which nobody waits for.
+            if !(state.journal.in_round && state.journal.flushed + 1 >= target) {
+                self.kick(&mut state.journal);
+            }
             if self.stopping.load(SeqCst) || self.wait_round(state, deadline) {
                 return state.journal.flushed >= target;
             }
