@@ -38,6 +38,8 @@ struct MemStore {
     dead_waiting: Arc<AtomicUsize>,
     /// `dead_letter` applies its removal, then fails (a reply lost).
     dead_reply_lost: Arc<AtomicBool>,
+    /// `apply` calls made (each ends in `check`, which counts it in `calls`).
+    applies: Arc<AtomicUsize>,
     /// Dead-lettered rows: id → reason.
     dead: Arc<Mutex<BTreeMap<String, String>>>,
     /// When set to n > 0, the n-th `apply` from then on fails (once).
@@ -93,6 +95,7 @@ impl MemStore {
 
 impl TaskStore for MemStore {
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.applies.fetch_add(1, SeqCst);
         self.maybe_panic();
         let (this, ops) = (self.clone(), ops.to_vec());
         async move {
@@ -418,6 +421,9 @@ fn a_failed_round_returns_what_it_did_not_send_and_later_cancels_reach_the_store
     let store = MemStore::default();
     let mut cfg = PersistConfig::new("unused://", "unused");
     cfg.batch = 10;
+    // Rounds only when asked for: one of its own between the cancels and the pause below
+    // would write the removals.
+    cfg.flush_interval = Duration::from_secs(3_600);
     let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
     let far = now_ms() + 3_600_000;
     let ids: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
@@ -491,9 +497,10 @@ fn restore_waits_for_the_removals_of_a_round_in_flight() {
     let store = stored((0..10).map(|i| format!("t{i}")));
     let p = engine(&store);
     p.restore(100).unwrap();
-    assert!(p.cancel("t3"));
-    // The round that takes the removal is stuck in its write.
+    // The round that takes the removal is stuck in its write (held before the cancel: a
+    // round of the flusher's own could write it first).
     store.paused.store(true, SeqCst);
+    assert!(p.cancel("t3"));
     assert!(!p.flush(Duration::from_millis(20)));
     wait_until("the removal's write to start", || {
         store.waiting.load(SeqCst) > 0
@@ -1165,7 +1172,10 @@ fn shutdown_waits_for_a_hung_restore_10_s_at_most() {
 #[test]
 fn a_shutdown_with_the_store_down_hands_back_the_unwritten_tasks() {
     let store = MemStore::default();
-    let p = engine(&store);
+    // Rounds only when asked for: `flush(ZERO)` below must not meet an empty round under way.
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_secs(3_600);
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
     p.restore(100).unwrap();
     assert!(
         p.flush(Duration::ZERO),
@@ -1202,6 +1212,12 @@ fn down_with_100_changes() -> (MemStore, Persistent<MemStore>) {
             .unwrap();
     }
     assert!(!p.flush(Duration::from_millis(50)), "the store is down");
+    // Over (on a loaded machine the round may start after the flush gave up), so that the
+    // tests' next round is the one they count.
+    wait_until("the first round's writes to fail", || {
+        let applies = store.applies.load(SeqCst);
+        applies > 0 && store.calls.load(SeqCst) >= applies
+    });
     (store, p)
 }
 
@@ -1420,7 +1436,9 @@ fn snapshot_returns_when_a_later_snapshot_lands_after_the_one_out_fails() {
             store.snapshot_waiting.load(SeqCst) > 0
         });
         let second = s.spawn(|| p.snapshot(PATIENCE));
-        std::thread::sleep(Duration::from_millis(50));
+        // The first caller's 50 ms run out while its snapshot is held: it gives up with `None`
+        // (waited for here, or a late wake-up could see the retried snapshot land first).
+        wait_until("the first caller to give up", || first.is_finished());
         let calls = store.calls.load(SeqCst);
         store.snapshot_paused.store(false, SeqCst);
         wait_until("the first snapshot to fail", || {

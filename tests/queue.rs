@@ -1335,8 +1335,10 @@ fn a_paused_node_delays_no_other_shards_reaping() {
     let split = SplitCluster::start("reaped", |cfg| {
         cfg.reaper_interval = Duration::from_millis(50);
         // Long enough that the lease runs out after the pause below has begun (B's start and
-        // first claims take well under that), and well within it.
-        cfg.lease = Duration::from_millis(2_500);
+        // first claims take well under that, also on a loaded machine), and well within it
+        // (the pause begins about a second after A's claim, and the task must fire within
+        // WITHIN_PAUSE of it).
+        cfg.lease = Duration::from_millis(4_500);
     });
     // A claims the task (on its shard only) and crashes while running it: no renewals.
     let started = Arc::new(Mutex::new(false));
@@ -1804,8 +1806,9 @@ fn a_paused_node_keeps_back_no_other_shards_hand_back() {
     );
     wait_until("all six held", || c.held() == 6);
     let paused_at = split.pause();
-    // Time for the healthy shards' hand-back even when a claim or reap on the paused node
-    // takes the wait for the loops to its end; well within the pause.
+    // A claim or reap on the paused node holds the wait for the loops to its end, half the
+    // timeout: the healthy shards' hand-back keeps the other half (it had only a 100 ms floor
+    // when that wait took all of it). Well within the pause.
     let r = c.shutdown(Duration::from_millis(2_000));
     assert!(
         r.is_err(),

@@ -405,11 +405,13 @@ impl Consumer {
             return Ok(0);
         };
         // The loops (two per shard) see `stop` between Redis calls; they are awaited together,
-        // and those still waiting on a Redis that hangs are stopped at the deadline instead
-        // (the reply they wait for changes nothing that the lease and the reaper do not repair).
+        // and those still waiting on a Redis that hangs are stopped halfway to the deadline
+        // instead (the reply they wait for changes nothing that the lease and the reaper do not
+        // repair), so that the hand-back below keeps the other half: one shard's hung node must
+        // not use up the time the other shards need to give their tasks back.
         let loops: Vec<_> = self.loops.drain(..).collect();
         let aborts: Vec<_> = loops.iter().map(|l| l.abort_handle()).collect();
-        let left = remaining(deadline);
+        let left = remaining(deadline) / 2;
         let all_done = wait_on(&rt, async move {
             tokio::time::timeout(left, futures_util::future::join_all(loops))
                 .await
