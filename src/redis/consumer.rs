@@ -390,7 +390,9 @@ impl Consumer {
     /// the timeout passes first, queued handlers are not started (their tasks are handed back
     /// too), and the ones running finish on their own, unacknowledged: at-least-once,
     /// they run again elsewhere after the lease. It returns within about `timeout` even while
-    /// Redis hangs: each hand-back call (500 tasks) and the final acks get at least 100 ms,
+    /// Redis hangs: claim and reaper loops waiting on a node that does not answer are stopped
+    /// after half of it, so the hand-back keeps the other half; each hand-back call (500 tasks)
+    /// and the final acks get at least 100 ms,
     /// which a slow Redis and many held tasks can add to it. Returns how many tasks were
     /// handed back; `Err` if Redis could not take them back in time (their leases expire and
     /// the reaper returns them instead). A `timeout` past what an `Instant` holds waits as
