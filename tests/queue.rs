@@ -1181,7 +1181,8 @@ fn concurrent_shard_claims_stay_within_max_held() {
         // Claimed at once, and held for seconds before they are due.
         cfg.lookahead = Duration::from_secs(10);
     });
-    let due = now_ms() + 4_000;
+    // Due well after the set-up below, also on a loaded machine.
+    let due = now_ms() + 7_000;
     enqueue_all(
         &rt,
         &p,
@@ -1891,7 +1892,9 @@ fn a_shutdown_that_times_out_hands_back_tasks_waiting_for_a_handler() {
         Handlers::new().on("job", move |t| {
             if t.id == "slow" {
                 let _ = started_tx.send(());
-                std::thread::sleep(Duration::from_secs(3));
+                // Still running at the checks below, however slow the machine; it finishes
+                // on its own after the shutdown, which does not wait for it.
+                std::thread::sleep(Duration::from_secs(10));
             }
             Ok(())
         }),
