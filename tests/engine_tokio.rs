@@ -4,28 +4,36 @@
 use std::time::{Duration, Instant};
 
 use delaywheel::sleep::{EngineShutdown, Sleeper, TimeoutError};
-use delaywheel::Timer;
+use delaywheel::{ManualClock, Timer};
 use futures_util::StreamExt;
 
 const MS: Duration = Duration::from_millis(1);
 
 #[tokio::test]
 async fn stream_yields_expirations_in_deadline_order_then_ends() {
-    let (timer, mut stream) = Timer::builder().shards(2).build_stream(16).unwrap();
-    // From one instant: with three clock reads, a stall between two schedules could reorder
-    // the deadlines themselves.
-    let base = Instant::now();
+    // A manual clock, advanced once all three are scheduled: on the real clock a stall of
+    // 30 ms between two schedules would let the first fire before the others exist.
+    let clock = ManualClock::new();
+    let (timer, mut stream) = Timer::builder()
+        .shards(2)
+        .manual_clock(&clock)
+        .build_stream(16)
+        .unwrap();
+    let base = clock.now();
     timer.schedule_at(3u32, base + 30 * MS).unwrap();
     timer.schedule_at(1u32, base + 10 * MS).unwrap();
     timer.schedule_at(2u32, base + 20 * MS).unwrap();
     let mut got = Vec::new();
-    for _ in 0..3 {
-        let e = stream.next().await.unwrap();
-        assert!(
-            e.deadline <= Instant::now(),
-            "delivered before its deadline"
-        );
-        got.push(e.value);
+    for step in [29 * MS, MS] {
+        clock.advance(step);
+        // Two come due at 29 ms, the third only at 30.
+        let n = if got.is_empty() { 2 } else { 1 };
+        for _ in 0..n {
+            let e = stream.next().await.unwrap();
+            assert!(e.deadline <= clock.now(), "delivered before its deadline");
+            got.push(e.value);
+        }
+        assert_eq!(timer.len(), 3 - got.len(), "the third fired early");
     }
     assert_eq!(got, vec![1, 2, 3]);
     assert!(timer.shutdown().is_empty());
