@@ -1118,6 +1118,7 @@ fn a_second_shutdown_returns_once_the_first_has_finished() {
     let store = stored((0..30).map(|i| format!("t{i}")));
     let p = engine(&store);
     let (returned, _) = during_a_held_restore(&store, &p, || {
+        restore_past_its_first_page(&p);
         std::thread::scope(|s| {
             // Whichever comes first does the work, and waits for the held restore.
             let shutdowns = [s.spawn(|| p.shutdown()), s.spawn(|| p.shutdown())];
@@ -1143,6 +1144,14 @@ fn a_second_shutdown_returns_once_the_first_has_finished() {
     );
 }
 
+/// Waits for a restore held at its second page (of a 30-row store, by an engine that held
+/// nothing) to have loaded its first: the second page is read ahead while the first is still
+/// being loaded, and a `shutdown` begun before that load stops the restore at once (at the
+/// first page), not at the held one.
+fn restore_past_its_first_page(p: &Persistent<MemStore>) {
+    wait_until("the first page loaded", || p.len() >= 10);
+}
+
 /// A restore whose store call hangs holds `shutdown` back for 10 s at most (it may still
 /// journal corrections the final round must carry); then the engine shuts down without it.
 #[test]
@@ -1150,6 +1159,7 @@ fn shutdown_waits_for_a_hung_restore_10_s_at_most() {
     let store = stored((0..30).map(|i| format!("t{i}")));
     let p = engine(&store);
     let ((took, back), _) = during_a_held_restore(&store, &p, || {
+        restore_past_its_first_page(&p);
         let start = Instant::now();
         let back = p.shutdown();
         (start.elapsed(), back)
