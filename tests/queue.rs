@@ -1052,8 +1052,9 @@ fn leases_of_running_and_waiting_tasks_are_renewed() {
         cfg,
         p,
     } = fixture("renew", |cfg| {
-        // Renewed every 667 ms: a renewal may stall for over a second on a loaded machine.
-        cfg.lease = Duration::from_millis(2_000);
+        // Renewed every second: a renewal may stall for over a second on a loaded machine,
+        // and the lease then still has two.
+        cfg.lease = Duration::from_millis(3_000);
         cfg.reaper_interval = Duration::from_millis(50);
         cfg.reconcile = Duration::from_millis(100);
         cfg.handler_threads = 1;
@@ -1063,7 +1064,7 @@ fn leases_of_running_and_waiting_tasks_are_renewed() {
         let runs = runs.clone();
         Handlers::new().on("job", move |t| {
             runs.lock().push(t.id.clone());
-            std::thread::sleep(Duration::from_millis(4_500)); // over two leases
+            std::thread::sleep(Duration::from_millis(6_500)); // over two leases
             Ok(())
         })
     };
@@ -1083,7 +1084,7 @@ fn leases_of_running_and_waiting_tasks_are_renewed() {
     wait_until("both acks", || {
         a.stats().acked + b.stats().acked == 2 && runs.lock().len() >= 2
     });
-    std::thread::sleep(Duration::from_millis(2_000)); // a lease more for a duplicate to show
+    std::thread::sleep(Duration::from_millis(3_000)); // a lease more for a duplicate to show
     let mut ran = runs.lock().clone();
     ran.sort();
     assert_eq!(ran, ["first", "second"], "a task ran twice or not at all");
