@@ -89,8 +89,9 @@ fn a_crashed_consumers_tasks_fire_elsewhere_after_the_lease() {
     });
     let fired: Fired = Arc::default();
     let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
-    // Due after the first reconcile claim (1 s), so A holds them for a while.
-    let due = now_ms() + 3_000;
+    // Due after the first reconcile claim (1 s), so A holds them for a while (and loses them
+    // before they are due, also on a loaded machine).
+    let due = now_ms() + 5_000;
     enqueue_all(
         &rt,
         &p,
@@ -830,8 +831,9 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     } = fixture("handback", |_| {}); // 30 s leases
     let fired: Fired = Arc::default();
     let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
-    // Due after the first reconcile claim (1 s), so A holds them for a while.
-    let due = now_ms() + 3_000;
+    // Due after the first reconcile claim (1 s), so A holds them for a while (and loses them
+    // before they are due, also on a loaded machine).
+    let due = now_ms() + 5_000;
     enqueue_all(
         &rt,
         &p,
