@@ -395,7 +395,8 @@ fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
         let dedup = Dedup::connect(
             &server.url(),
             "orders",
-            Duration::from_millis(1_000),
+            // Long enough that no step below outlasts it on a loaded machine.
+            Duration::from_millis(3_000),
             Duration::from_secs(3_600),
         )
         .await
@@ -425,7 +426,7 @@ fn dedup_markers_run_a_task_once_and_recover_from_a_crashed_handler() {
         assert_eq!(dedup.begin("o1").await.unwrap(), Begin::AlreadyDone);
         // A handler that crashed holding the marker: the lease lapses and the task runs again.
         let o3 = run(dedup.begin("o3").await.unwrap());
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        tokio::time::sleep(Duration::from_millis(3_100)).await;
         let o3_again = run(dedup.begin("o3").await.unwrap());
         // The first delivery was only slow, not dead: its abandon must not drop the marker of
         // the delivery that took over, or a third would run beside the second.
