@@ -1631,9 +1631,11 @@ fn busy_single_handler(
     // runs, the others wait for its thread) and none is still in the wheel.
     wait_until("every task claimed", || c.stats().claimed == n as u64);
     wait_until("the first handler", || !runs.lock().is_empty());
-    // Half a second past the due time: a driver held up that long on a loaded machine would
+    // Two seconds past the due time: a driver held up that long on a loaded machine would
     // leave timers unfired, which a shutdown hands back instead of running.
-    std::thread::sleep(Duration::from_millis((due + 500).saturating_sub(now_ms())));
+    std::thread::sleep(Duration::from_millis(
+        (due + 2_000).saturating_sub(now_ms()),
+    ));
     (fixture, runs, c)
 }
 
@@ -1648,9 +1650,9 @@ fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
         },
         runs,
         c,
-    ) = busy_single_handler("queued", 10, Duration::from_millis(300));
+    ) = busy_single_handler("queued", 10, Duration::from_millis(700));
     // Most of the ten have fired and wait for the one handler thread.
-    c.shutdown(Duration::from_secs(10)).unwrap();
+    c.shutdown(Duration::from_secs(20)).unwrap();
     let mut runs = runs.lock().clone();
     runs.sort();
     runs.dedup();
@@ -1668,7 +1670,7 @@ fn shutdown_runs_tasks_already_fired_and_queued_for_a_busy_handler() {
 /// twice); they are left to their leases.
 #[test]
 fn a_timed_out_shutdown_starts_no_more_handlers() {
-    let (_fixture, runs, c) = busy_single_handler("timedout", 5, Duration::from_millis(300));
+    let (_fixture, runs, c) = busy_single_handler("timedout", 5, Duration::from_millis(700));
     let _ = c.shutdown(Duration::from_millis(50));
     let after_shutdown = runs.lock().len();
     std::thread::sleep(Duration::from_millis(1_000));
