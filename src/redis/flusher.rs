@@ -399,18 +399,39 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         .min(SNAPSHOT_RETRY_MAX);
     let mut snapshot_backoff = first_snapshot_backoff;
     let mut snapshot_not_before: Option<Instant> = None;
-    // No round at start: nothing can be journaled before the engine is handed out, so the
-    // first round is the first one asked for (a kick) or due (the interval). A round run at
-    // whatever moment this thread happens to start would be one nobody can tell apart from a
-    // round a caller asked for.
-    {
-        let mut state = inner.state.lock();
-        if !inner.stopping.load(SeqCst) && !state.journal.kicked {
-            inner.kick.wait_for(&mut state, inner.cfg.flush_interval);
-        }
-        state.journal.kicked = false;
-    }
     loop {
+        // The wait comes before each round, the first included: nothing can be journaled
+        // before the engine is handed out, so the first round is the first one asked for (a
+        // kick) or due (the interval), not one run whenever this thread happens to start,
+        // which nobody could tell apart from a round a caller asked for.
+        {
+            let mut state = inner.state.lock();
+            // A wanted snapshot held back by its own backoff is tried when that ends, even if
+            // the next round is further off. Only while that time is still ahead: once it has
+            // passed, a snapshot held back (by a restore) is started by whatever ends the hold
+            // (the restore kicks), not by rounds run back to back.
+            let mut wait = backoff;
+            if let Some(t) = snapshot_not_before.filter(|_| state.journal.snapshot_wanted) {
+                let now = Instant::now();
+                if t > now {
+                    wait = wait.min(t - now);
+                }
+            }
+            if down_since.is_some() {
+                // Backing off: a kick (a `flush` or WriteThrough caller waiting, which kicks after
+                // every round) does not cut the wait short, or a waiting caller would make the
+                // retries run back to back against a store that is down. Shutdown does.
+                let until = Instant::now() + wait;
+                while !inner.stopping.load(SeqCst) {
+                    if inner.kick.wait_until(&mut state, until).timed_out() {
+                        break;
+                    }
+                }
+            } else if !inner.stopping.load(SeqCst) && !state.journal.kicked {
+                inner.kick.wait_for(&mut state, wait);
+            }
+            state.journal.kicked = false;
+        }
         let stopping = inner.stopping.load(SeqCst);
         // The final round takes everything, whatever the state of the store.
         let probe = journal_down && !stopping;
@@ -554,32 +575,6 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         if stopping && !snapshot_failed {
             break;
         }
-        let mut state = inner.state.lock();
-        // A wanted snapshot held back by its own backoff is tried when that ends, even if
-        // the next round is further off. Only while that time is still ahead: once it has
-        // passed, a snapshot held back (by a restore) is started by whatever ends the hold
-        // (the restore kicks), not by rounds run back to back.
-        let mut wait = backoff;
-        if let Some(t) = snapshot_not_before.filter(|_| state.journal.snapshot_wanted) {
-            let now = Instant::now();
-            if t > now {
-                wait = wait.min(t - now);
-            }
-        }
-        if down_since.is_some() {
-            // Backing off: a kick (a `flush` or WriteThrough caller waiting, which kicks after
-            // every round) does not cut the wait short, or a waiting caller would make the
-            // retries run back to back against a store that is down. Shutdown does.
-            let until = Instant::now() + wait;
-            while !inner.stopping.load(SeqCst) {
-                if inner.kick.wait_until(&mut state, until).timed_out() {
-                    break;
-                }
-            }
-        } else if !inner.stopping.load(SeqCst) && !state.journal.kicked {
-            inner.kick.wait_for(&mut state, wait);
-        }
-        state.journal.kicked = false;
     }
 }
 
