@@ -20,7 +20,7 @@ use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
@@ -34,6 +34,7 @@ use super::persistent::now_ms;
 use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
 use super::scripts;
 use super::store::StoreError;
+use super::wall_clock::since_epoch;
 use crate::{Timer, TimerId};
 
 /// Outcomes of fired tasks waiting for the resolver, at most.
@@ -239,9 +240,7 @@ impl fmt::Debug for Consumer {
 }
 
 fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
+    since_epoch().as_micros() as u64
 }
 
 impl Consumer {

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::envelope::{Envelope, EnvelopeError};
 use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
@@ -16,6 +16,7 @@ use super::link::{claim_namespaces, Link, QUEUE_ROLE};
 use super::persistent::now_ms;
 use super::scripts;
 use super::store::StoreError;
+use super::wall_clock::since_epoch;
 
 /// How long to wait before the next attempt of a failed task.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -365,13 +366,13 @@ impl When {
             When::At(ms) => ms,
             // The clock and the delay to the nanosecond, rounded up to the millisecond: each
             // rounded down on its own would make the task due up to 2 ms early.
-            When::After(d) => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default();
-                u64::try_from(now.saturating_add(d).as_nanos().div_ceil(1_000_000))
-                    .unwrap_or(u64::MAX)
-            }
+            When::After(d) => u64::try_from(
+                since_epoch()
+                    .saturating_add(d)
+                    .as_nanos()
+                    .div_ceil(1_000_000),
+            )
+            .unwrap_or(u64::MAX),
         }
     }
 }
@@ -739,7 +740,7 @@ mod tests {
     fn a_delay_never_makes_a_task_due_early() {
         for delay_us in [1, 999, 1_000, 1_001, 1_900, 2_500_000] {
             let delay = Duration::from_micros(delay_us);
-            let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+            let before = since_epoch();
             let due_ms = When::After(delay).due_ms();
             assert!(
                 u128::from(due_ms) * 1_000_000 >= (before + delay).as_nanos(),

@@ -51,9 +51,7 @@ impl WallClock {
     /// Milliseconds since the Unix epoch now (0 for a system clock set before 1970).
     pub fn now_ms(&self) -> u64 {
         match &self.0 {
-            Source::System => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            Source::System => since_epoch().as_millis() as u64,
             Source::Manual {
                 clock,
                 origin,
@@ -111,6 +109,14 @@ impl WallClock {
             Source::Manual { clock, .. } => Some(clock),
         }
     }
+}
+
+/// The system's real-time clock as time since the Unix epoch (zero for a clock set before
+/// 1970), for callers that need it finer than [`WallClock::now_ms`].
+pub(crate) fn since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// `CLOCK_REALTIME_COARSE` in ms since the Unix epoch (0 before 1970).
