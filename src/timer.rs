@@ -775,7 +775,8 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// Builds an engine that runs `callback` for each expiration on a pool of `workers`
     /// threads, fed by a queue of `queue` expirations (backpressure as for a bounded channel).
     /// `workers` outside `1..=1024` fails with [`BuildError::Workers`], `queue` outside
-    /// `1..=2^24` with [`BuildError::Capacity`].
+    /// `1..=2^24` with [`BuildError::Capacity`]; on any error `callback` is dropped without
+    /// having run (no timer could have reached it).
     /// A slow callback holds up only its own worker; a panicking one is logged and the worker
     /// carries on. A callback that holds a clone of the returned `Timer` keeps the engine
     /// alive (dropping the other handles does not stop it): call [`Timer::shutdown`].

@@ -116,6 +116,81 @@ fn a_crashed_consumers_tasks_fire_elsewhere_after_the_lease() {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A claim whose reply is lost after the script ran is retried with its nonce and answered
+/// again, so its batch fires at its due time, not a lease (30 s) later. Redis loses the reply
+/// here by closing the connection of a client whose reply passes its output buffer limit.
+#[test]
+fn a_claim_whose_reply_was_lost_fires_its_batch_on_time() {
+    let Fixture { server, rt, cfg, p } = fixture("lostclaim", |_| {});
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let set_limit = |admin: &mut redis::Connection, limit: &str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("client-output-buffer-limit")
+            .arg(limit)
+            .query::<()>(admin)
+            .unwrap();
+    };
+    // Replies past 4 KiB close the connection: a claim of the 400 tasks (about 45 KiB) does,
+    // nothing else here does until the limit is lifted.
+    let fired: Fired = Arc::default();
+    let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    let connections = connections_received(&mut admin);
+    set_limit(&mut admin, "normal 4096 0 0");
+    // Past the lookahead (2 s): the first claim takes nothing, a reconcile claim takes them.
+    let due = now_ms() + 3_500;
+    let n = 400;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..n).map(|i| (format!("t{i}"), due)).collect(),
+    );
+    let keys = KeyLayout::new("lostclaim").unwrap();
+    wait_until("a claim whose reply is lost", || {
+        let leased: usize = redis::cmd("ZCARD")
+            .arg(keys.lease())
+            .query(&mut admin)
+            .unwrap();
+        leased == n && a.held() == 0
+    });
+    set_limit(&mut admin, "normal 0 0 0");
+    wait_until("the batch to fire", || fired.lock().len() == n);
+    for (id, deliveries) in fired.lock().iter() {
+        assert_eq!(deliveries.len(), 1, "{id}");
+        let at_ms = deliveries[0].1 / 1_000;
+        assert!(at_ms >= due, "{id} fired early");
+        // A lease later would be due + 30 s.
+        assert!(at_ms < due + 10_000, "{id} fired {} ms late", at_ms - due);
+    }
+    assert_eq!(
+        a.stats().recovered,
+        0,
+        "the batch came back through its lease"
+    );
+    // The consumer connected again: Redis had closed its connection (a reply was lost).
+    assert!(
+        connections_received(&mut admin) > connections,
+        "no reply was lost"
+    );
+    wait_until("the acks", || a.stats().acked == n as u64);
+    a.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// Connections Redis has accepted.
+fn connections_received(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(conn).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .expect("INFO stats has total_connections_received")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// A task id another client wrote that is not UTF-8 is dead-lettered at once under the id as
 /// stored: an ack by its lossy reading would never match, and it would come back after every
 /// lease.

@@ -699,6 +699,9 @@ async fn claim_loop(
     // After a failed claim, not even a wake-up claims before this.
     let mut not_before = next;
     let mut failures = 0u32;
+    // The nonce of the next claim: kept after a failed claim, so that a claim whose reply was
+    // lost after the script ran is answered again by the retry (see `scripts::CLAIM`).
+    let mut nonce = fastrand::u64(..);
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
@@ -721,8 +724,11 @@ async fn claim_loop(
         }
         let mut full = false;
         let mut failed = false;
-        match claim(&shared, &timer, shard).await {
-            Ok(n) => full = n == cfg.batch,
+        match claim(&shared, &timer, shard, nonce).await {
+            Ok(n) => {
+                full = n == cfg.batch;
+                nonce = fastrand::u64(..);
+            }
             Err(e) => {
                 if failures == 0 && shared.failing.fetch_add(1, SeqCst) == 0 {
                     tracing::warn!(shard, error = %e, "claim failed; retrying with backoff");
@@ -797,8 +803,14 @@ impl Drop for Reserved<'_> {
     }
 }
 
-/// One claim on `shard`; puts the tasks in the wheel. Returns how many it took.
-async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<usize, QueueError> {
+/// One claim on `shard` with `nonce` (the nonce of a failed claim answers that claim's batch
+/// again); puts the tasks in the wheel. Returns how many it took.
+async fn claim(
+    shared: &Shared,
+    timer: &Timer<Claimed>,
+    shard: u32,
+    nonce: u64,
+) -> Result<usize, QueueError> {
     let cfg = &shared.cfg;
     let Some(room) = Reserved::take(shared) else {
         return Ok(0);
@@ -812,10 +824,12 @@ async fn claim(shared: &Shared, timer: &Timer<Claimed>, shard: u32) -> Result<us
         .key(keys.owner())
         .key(keys.fence())
         .key(keys.dead())
+        .key(keys.batch(&shared.id))
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(room.n)
         .arg(shared.id.as_str())
-        .arg(cfg.lease.as_millis() as u64);
+        .arg(cfg.lease.as_millis() as u64)
+        .arg(nonce);
     let reply: Vec<Vec<u8>> = shared.conn.run(&inv).await?;
     shared.counters.claims.fetch_add(1, Relaxed);
     let Some((token, rest)) = reply.split_first() else {

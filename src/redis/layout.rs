@@ -114,6 +114,14 @@ impl KeyLayout {
         &self.expired
     }
 
+    /// The queue's LIST of the last claim of consumer `consumer`: the claim's nonce, its
+    /// token, then each leased id and its due time. A claim retried with the same nonce (its
+    /// reply was lost) answers with it instead of claiming again. Expires with the claim's
+    /// leases.
+    pub fn batch(&self, consumer: &str) -> String {
+        format!("{{{}}}:batch:{consumer}", self.ns)
+    }
+
     /// Which role uses the namespace, `persistent` or `queue`: set by the first to connect,
     /// checked by every later one (see [`NamespaceInUse`]).
     pub fn kind(&self) -> &str {

@@ -3,7 +3,8 @@
 //!
 //! Keys of a shard (see [`KeyLayout`](super::KeyLayout)): `due` (ZSET id → due ms, queued),
 //! `tasks` (HASH id → envelope), `lease` (ZSET id → lease deadline ms, claimed), `owner` (HASH
-//! id → `consumer|token`), `fence` (counter of claim tokens), `dead` (HASH id → record).
+//! id → `consumer|token`), `fence` (counter of claim tokens), `dead` (HASH id → record), and
+//! a consumer's `batch` (LIST: its last claim, for a retry whose reply was lost).
 //!
 //! Fencing: a claim takes a fresh token and writes `consumer|token` as the owner of each task
 //! it takes. Every later change by that consumer (ack, retry, dead-letter, give back) first
@@ -73,22 +74,48 @@ return n
     )
 });
 
-/// KEYS: due, tasks, lease, owner, fence, dead. ARGV: until (ms), batch, consumer, lease (ms).
-/// Takes up to `batch` tasks due by `until`, leases them to `consumer|token` until
-/// max(due, now) + lease (`now`: Redis's clock), and returns `token, id1, due1, envelope1,
-/// id2, ...`, or an empty array. An id with no envelope (or an empty one; only another client
-/// writes such) is dead-lettered here instead of leased, and comes back as `id, "dead", ""`:
-/// leased, it would wait for the consumer's dead-lettering, and an `enqueue` of the id in
-/// between would be dead-lettered with it.
+/// KEYS: due, tasks, lease, owner, fence, dead, batch. ARGV: until (ms), batch, consumer,
+/// lease (ms), nonce. Takes up to `batch` tasks due by `until`, leases them to
+/// `consumer|token` until max(due, now) + lease (`now`: Redis's clock), and returns `token,
+/// id1, due1, envelope1, id2, ...`, or an empty array. An id with no envelope (or an empty
+/// one; only another client writes such) is dead-lettered here instead of leased, and comes
+/// back as `id, "dead", ""`: leased, it would wait for the consumer's dead-lettering, and an
+/// `enqueue` of the id in between would be dead-lettered with it.
+///
+/// Idempotent by nonce: the claim is kept in the consumer's `batch` list (`nonce, token, id1,
+/// due1, ...`, expiring when the last of its leases ends), and a call with the nonce kept
+/// there claims nothing new: it answers that claim again, with the tasks still leased under
+/// its token. A consumer whose claim's reply was lost after the script ran calls again with
+/// the same nonce and gets its batch, instead of leaving it leased to nobody until the lease
+/// ends.
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
+if redis.call('LINDEX', KEYS[7], 0) == ARGV[5] then
+  local kept = redis.call('LRANGE', KEYS[7], 1, -1)
+  local owner = ARGV[3] .. '|' .. kept[1]
+  local out = {{kept[1]}}
+  for i = 2, #kept, 2 do
+    local id = kept[i]
+    if redis.call('HGET', KEYS[4], id) == owner then
+      local envelope = redis.call('HGET', KEYS[2], id)
+      if envelope then
+        out[#out + 1] = id
+        out[#out + 1] = kept[i + 1]
+        out[#out + 1] = envelope
+      end
+    end
+  end
+  return out
+end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 if #ids == 0 then return {{}} end
 local token = redis.call('INCR', KEYS[5])
 local owner = ARGV[3] .. '|' .. token
 {REDIS_NOW}local lease = tonumber(ARGV[4])
 local out = {{tostring(token)}}
+local kept = {{ARGV[5], tostring(token)}}
+local last = now
 for i = 1, #ids, 2 do
   local id, due = ids[i], tonumber(ids[i + 1])
   local envelope = redis.call('HGET', KEYS[2], id)
@@ -99,6 +126,9 @@ for i = 1, #ids, 2 do
     out[#out + 1] = id
     out[#out + 1] = ids[i + 1]
     out[#out + 1] = envelope
+    kept[#kept + 1] = id
+    kept[#kept + 1] = ids[i + 1]
+    last = math.max(last, due)
   else
     redis.call('HSET', KEYS[6], id, cjson.encode({{
       reason = 'no envelope in the tasks hash', raw = '', at = now, attempt = 0}}))
@@ -109,6 +139,11 @@ for i = 1, #ids, 2 do
     out[#out + 1] = ''
   end
 end
+redis.call('DEL', KEYS[7])
+for i = 1, #kept, 1000 do
+  redis.call('RPUSH', KEYS[7], unpack(kept, i, math.min(i + 999, #kept)))
+end
+redis.call('PEXPIRE', KEYS[7], last - now + lease)
 return out
 ",
     ))
@@ -330,7 +365,6 @@ mod tests {
             .unwrap()
     }
 
-    /// The claim script's reply for everything due, leased to consumer `c` for `lease_ms`.
     /// The dead-letter record of `id`, decoded.
     fn dead_record(conn: &mut redis::Connection, k: &KeyLayout, id: &str) -> serde_json::Value {
         let record: String = redis::cmd("HGET")
@@ -341,15 +375,30 @@ mod tests {
         serde_json::from_str(&record).unwrap()
     }
 
+    /// The claim script's reply for everything due, leased to consumer `c` for `lease_ms`
+    /// (a claim of its own: a fresh nonce).
     fn claim_reply(conn: &mut redis::Connection, k: &KeyLayout, lease_ms: u64) -> Vec<String> {
         try_claim(conn, k, lease_ms).unwrap()
     }
 
-    /// CLAIM of everything due, as Redis answered it.
+    /// CLAIM of everything due with a fresh nonce, as Redis answered it.
     fn try_claim(
         conn: &mut redis::Connection,
         k: &KeyLayout,
         lease_ms: u64,
+    ) -> redis::RedisResult<Vec<String>> {
+        static NONCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nonce = NONCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        claim_with_nonce(conn, k, lease_ms, 100, &format!("n{nonce}"))
+    }
+
+    /// CLAIM of up to `batch` tasks due by consumer `c`, with nonce `nonce`.
+    fn claim_with_nonce(
+        conn: &mut redis::Connection,
+        k: &KeyLayout,
+        lease_ms: u64,
+        batch: usize,
+        nonce: &str,
     ) -> redis::RedisResult<Vec<String>> {
         CLAIM
             .key(k.due())
@@ -358,10 +407,12 @@ mod tests {
             .key(k.owner())
             .key(k.fence())
             .key(k.dead())
+            .key(k.batch("c"))
             .arg(i64::MAX)
-            .arg(100)
+            .arg(batch)
             .arg("c")
             .arg(lease_ms)
+            .arg(nonce)
             .invoke(conn)
     }
 
@@ -373,6 +424,74 @@ mod tests {
             .chunks(3)
             .map(|t| (t[0].clone(), format!("c|{token}")))
             .collect()
+    }
+
+    /// A claim called again with its nonce (its reply was lost) answers the same batch, as
+    /// far as it is still leased under the claim's token, and claims nothing new; a new
+    /// nonce claims anew. The kept batch expires with the claim's leases.
+    #[test]
+    fn a_claim_retried_with_its_nonce_answers_its_batch_again() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("nonce").unwrap();
+        let envelope = |id: &str| {
+            format!(
+                r#"{{"id":"{id}","topic":"t","payload":null,"attempt":0,"created_at":0,"due_at":0}}"#
+            )
+        };
+        // More than one RPUSH's worth (1 000 entries) of kept ids and dues.
+        let ids: Vec<String> = (0..700).map(|i| format!("t{i:03}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            redis::pipe()
+                .zadd(k.due(), id, i)
+                .hset(k.tasks(), id, envelope(id))
+                .query::<()>(&mut conn)
+                .unwrap();
+        }
+        let first = claim_with_nonce(&mut conn, &k, 60_000, 1_000, "x").unwrap();
+        assert_eq!(first.len(), 1 + 3 * ids.len());
+        let again = claim_with_nonce(&mut conn, &k, 60_000, 1_000, "x").unwrap();
+        assert_eq!(again, first, "the retry did not answer the same batch");
+        let fence: u64 = redis::cmd("GET").arg(k.fence()).query(&mut conn).unwrap();
+        assert_eq!(fence.to_string(), first[0], "the retry took a new token");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(k.batch("c"))
+            .query(&mut conn)
+            .unwrap();
+        assert!((1..=60_000).contains(&ttl), "batch kept for {ttl} ms");
+
+        // A task queued since is not taken by the retry; one acknowledged since and one
+        // whose lease another consumer took over are left out of its answer.
+        let owner = format!("c|{}", first[0]);
+        redis::pipe()
+            .zadd(k.due(), "new", 0)
+            .hset(k.tasks(), "new", envelope("new"))
+            .hdel(k.owner(), "t000")
+            .zrem(k.lease(), "t000")
+            .hdel(k.tasks(), "t000")
+            .hset(k.owner(), "t001", "d|99")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let retried = claim_with_nonce(&mut conn, &k, 60_000, 1_000, "x").unwrap();
+        assert_eq!(retried[0], first[0]);
+        assert_eq!(
+            retried[1..],
+            first[7..],
+            "t000 and t001 are not this claim's any more"
+        );
+        let still: Option<String> = redis::cmd("HGET")
+            .arg(k.owner())
+            .arg("t002")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(still.as_deref(), Some(owner.as_str()));
+        let queued: u32 = redis::cmd("ZCARD").arg(k.due()).query(&mut conn).unwrap();
+        assert_eq!(queued, 1, "the retry claimed the new task");
+
+        // A new nonce is a new claim, with a new token.
+        let next = claim_with_nonce(&mut conn, &k, 60_000, 1_000, "y").unwrap();
+        assert_eq!(next.len(), 4);
+        assert_eq!(next[1], "new");
+        assert_ne!(next[0], first[0]);
     }
 
     /// An id with no envelope (or an empty one) is dead-lettered by the claim itself, never
