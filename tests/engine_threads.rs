@@ -347,10 +347,14 @@ fn a_second_shutdown_waits_for_the_callbacks_too() {
     let (go, go_rx) = crossbeam_channel::bounded::<()>(1);
     let finished = done.clone();
     let timer = Timer::builder()
-        .build_callback(1, 4, move |_e: delaywheel::Expiration<u32>| {
-            let _ = entered_tx.try_send(());
-            let _ = go_rx.recv_timeout(PATIENCE);
-            finished.store(true, Ordering::SeqCst);
+        .build_callback(1, 4, move |e: delaywheel::Expiration<u32>| {
+            // Only the first timer waits for `go` (sent once): the others the loop below may
+            // get scheduled before the shutdown refuses them would each wait it out.
+            if e.value == 0 {
+                let _ = entered_tx.try_send(());
+                let _ = go_rx.recv_timeout(PATIENCE);
+                finished.store(true, Ordering::SeqCst);
+            }
         })
         .unwrap();
     timer.schedule(0, Duration::ZERO).unwrap();

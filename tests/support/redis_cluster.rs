@@ -57,16 +57,20 @@ fn start_node(dir: &std::path::Path, deadline: Instant) -> (Child, u16) {
             Err(e) => panic!("could not start redis-server: {e}"),
         };
         loop {
+            let answers = TcpStream::connect(("127.0.0.1", port)).is_ok();
+            // Checked after the connect: what answered may have been another process that
+            // took the port, while this one exited.
             if let Ok(Some(_)) = child.try_wait() {
                 break; // exited: its port was taken; another one
             }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if answers {
                 return (child, port);
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on {port} did not start"
-            );
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("redis-server on {port} did not start");
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -90,15 +94,29 @@ impl RedisCluster {
         for &port in &cluster.ports {
             create.arg(format!("127.0.0.1:{port}"));
         }
-        let out = create
+        let mut creating = create
             .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
             .unwrap_or_else(|e| panic!("{INSTALL} ({e})"));
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        // With a deadline: a join that never completes must fail the test, not hang it.
+        let status = loop {
+            if let Some(status) = creating.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() >= deadline + Duration::from_secs(20) {
+                let _ = creating.kill();
+                let _ = creating.wait();
+                panic!("redis-cli --cluster create did not finish within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut out = String::new();
+        if let Some(mut stdout) = creating.stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
+        }
+        assert!(status.success(), "redis-cli --cluster create failed: {out}");
         for url in cluster.urls() {
             let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
             loop {

@@ -56,6 +56,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        check_version();
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
         let child = Command::new("redis-server")
@@ -171,6 +172,35 @@ impl Drop for RedisServer {
 
 /// A temporary directory for a server's socket and data: in `TMPDIR` unless a socket path there
 /// would pass the 107 bytes a Unix socket path may have, then in `/tmp`.
+/// Fails with install instructions when `redis-server` is missing or older than 7.0 (the
+/// tests use `SET NX GET` and `CLIENT PAUSE ... ALL`, which fail with unclear errors on 6).
+fn check_version() {
+    static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    CHECKED.get_or_init(|| {
+        let out = match Command::new("redis-server").arg("--version").output() {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+            Err(e) => panic!("could not run redis-server --version: {e}"),
+        };
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        // "Redis server v=7.0.15 sha=..."
+        let major = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("v="))
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok());
+        match major {
+            Some(m) if m >= 7 => {}
+            _ => panic!(
+                "redis-server on PATH is {:?}; the tests need 7.0 or later: install a newer \
+                 one (Debian 12 / Ubuntu 24.04: `apt-get install -y redis-server`; or from \
+                 https://redis.io/downloads) first on PATH",
+                text.trim()
+            ),
+        }
+    });
+}
+
 fn socket_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     if dir.path().join("redis.sock").as_os_str().len() < 100 {
