@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
+use parking_lot::{Condvar, Mutex};
 
 use crate::timer::Expiration;
 
@@ -23,6 +24,7 @@ pub(crate) enum Sink<T> {
     Pool {
         tx: Sender<Expiration<T>>,
         workers: Vec<JoinHandle<()>>,
+        running: Arc<Running>,
     },
     /// Runs on the driver thread itself: only for work that cannot block (waking a future).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
@@ -32,6 +34,43 @@ pub(crate) enum Sink<T> {
         tx: Sender<Expiration<T>>,
         waker: Arc<atomic_waker::AtomicWaker>,
     },
+}
+
+/// How many of a callback pool's workers have not exited. A stop that finds the pool closed by
+/// another waits for none to be left: the closer cannot join a worker it runs on (a callback
+/// that shuts its engine down), and that worker goes on with the rest of its callback and the
+/// expirations still queued.
+#[derive(Default)]
+pub(crate) struct Running {
+    n: Mutex<usize>,
+    none_left: Condvar,
+}
+
+impl Running {
+    /// Blocks until every worker has exited.
+    pub(crate) fn wait_for_none(&self) {
+        let mut n = self.n.lock();
+        while *n > 0 {
+            self.none_left.wait(&mut n);
+        }
+    }
+
+    fn exited(&self) {
+        let mut n = self.n.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.none_left.notify_all();
+        }
+    }
+}
+
+/// Counts its worker out when the worker's thread ends.
+struct Exit(Arc<Running>);
+
+impl Drop for Exit {
+    fn drop(&mut self) {
+        self.0.exited();
+    }
 }
 
 impl<T> fmt::Debug for Sink<T> {
@@ -55,13 +94,19 @@ impl<T: Send + 'static> Sink<T> {
     ) -> std::io::Result<Sink<T>> {
         let (tx, rx) = crossbeam_channel::bounded::<Expiration<T>>(bound);
         let mut handles = Vec::with_capacity(workers);
+        let running = Arc::new(Running::default());
         for i in 0..workers {
             let rx = rx.clone();
             let f = f.clone();
+            // Counted in before the spawn, so that it cannot exit before it is counted; out
+            // again if the spawn fails.
+            *running.n.lock() += 1;
+            let exit = Exit(running.clone());
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("delaywheel-cb-{i}"))
                     .spawn(move || {
+                        let _exit = exit;
                         for exp in rx {
                             let id = exp.id;
                             // A panicking callback must not take the worker (and every later
@@ -77,6 +122,7 @@ impl<T: Send + 'static> Sink<T> {
         Ok(Sink::Pool {
             tx,
             workers: handles,
+            running,
         })
     }
 }
@@ -130,10 +176,18 @@ impl<T> Sink<T> {
         }
     }
 
+    /// The callback pool's count of running workers (none for the other deliveries).
+    pub(crate) fn running(&self) -> Option<Arc<Running>> {
+        match self {
+            Sink::Pool { running, .. } => Some(running.clone()),
+            _ => None,
+        }
+    }
+
     /// Closes the queue and waits for pool workers to finish what was queued.
     pub(crate) fn close(self) {
         match self {
-            Sink::Pool { tx, workers } => {
+            Sink::Pool { tx, workers, .. } => {
                 drop(tx);
                 let me = std::thread::current().id();
                 for w in workers {

@@ -39,7 +39,8 @@ impl Stats {
 }
 
 /// Lateness percentiles: how long after its deadline each timer was handed to the delivery
-/// (channel send, callback queue or stream). Recorded with microsecond resolution.
+/// (channel send, callback queue or stream). Recorded with microsecond resolution, up to one
+/// hour: a timer later than that counts as one hour late.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Lateness {
     /// Timers recorded.
@@ -48,7 +49,7 @@ pub struct Lateness {
     pub p50: Duration,
     /// 99th percentile.
     pub p99: Duration,
-    /// Maximum.
+    /// Maximum (at most one hour, see above).
     pub max: Duration,
 }
 

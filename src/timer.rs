@@ -398,6 +398,9 @@ struct Handle<T> {
     /// The callback pool's threads: a stop called from one of them must not wait for the
     /// close, which joins it.
     workers: Vec<ThreadId>,
+    /// The callback pool's count of running workers: a stop that finds the pool closed by
+    /// another waits for it, also for a worker the closer could not join (its own thread).
+    running: Option<Arc<crate::delivery::Running>>,
 }
 
 impl<T> Handle<T> {
@@ -444,6 +447,12 @@ impl<T> Handle<T> {
             let mut closed = self.closed.lock();
             while !*closed {
                 self.closed_cv.wait(&mut closed);
+            }
+            drop(closed);
+            // A worker that closed the pool itself (a callback that shuts down) was not
+            // joined: it goes on with its callback and what is still queued.
+            if let Some(running) = &self.running {
+                running.wait_for_none();
             }
         }
         out
@@ -617,7 +626,10 @@ impl<T> Timer<T> {
         self.core.clock.now()
     }
 
-    /// Delivers every timer that is due now, on the calling thread, and returns how many. With
+    /// Takes every timer that is due now out of the wheel and delivers it on the calling
+    /// thread; returns how many it took. One it could not hand over (the receiver is gone, or
+    /// the engine is shutting down) is kept for [`shutdown`](Self::shutdown) and counted in
+    /// [`Stats::undelivered`](crate::Stats::undelivered), and counts here too. With
     /// [`TimerBuilder::manual_driver`] this is the only way timers fire; with the driver thread
     /// it is harmless (turns take a lock, so they never overlap). Like the driver, it waits
     /// while a bounded channel or callback queue is full: do not call it from the thread that
@@ -850,17 +862,18 @@ impl<T: Send + 'static> TimerBuilder<T> {
             }
             driver = Some(handle);
         }
-        let workers = core
+        let (workers, running) = core
             .sink
             .lock()
             .as_ref()
-            .map_or_else(Vec::new, Sink::worker_ids);
+            .map_or_else(|| (Vec::new(), None), |s| (s.worker_ids(), s.running()));
         let handle = Arc::new(Handle {
             core: core.clone(),
             driver: Mutex::new(driver),
             closed: Mutex::new(false),
             closed_cv: Condvar::new(),
             workers,
+            running,
         });
         Ok(Timer { core, handle })
     }

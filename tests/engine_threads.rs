@@ -385,6 +385,43 @@ fn a_second_shutdown_waits_for_the_callbacks_too() {
     first.join().unwrap();
 }
 
+/// A `shutdown` that finds the engine stopped by a callback (on a pool worker, which the
+/// callback's own stop cannot join) waits for that worker to finish its callback and what is
+/// still queued. (It returned at once, while the callback still ran.)
+#[test]
+fn a_shutdown_after_a_callback_stopped_the_engine_waits_for_that_callback() {
+    let me: Arc<std::sync::OnceLock<Timer<u32>>> = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
+    let (stopped_tx, stopped) = crossbeam_channel::bounded::<()>(1);
+    let timer = {
+        let (me, done) = (me.clone(), done.clone());
+        Timer::builder()
+            .build_callback(1, 4, move |e: Expiration<u32>| {
+                if e.value != 0 {
+                    return;
+                }
+                if let Some(t) = me.get() {
+                    t.shutdown();
+                }
+                let _ = stopped_tx.send(());
+                // The rest of the callback, after its engine has stopped.
+                std::thread::sleep(200 * MS);
+                done.store(true, Ordering::SeqCst);
+            })
+            .unwrap()
+    };
+    assert!(me.set(timer.clone()).is_ok());
+    timer.schedule(0, Duration::ZERO).unwrap();
+    stopped
+        .recv_timeout(PATIENCE)
+        .expect("the callback stopped the engine");
+    timer.shutdown();
+    assert!(
+        done.load(Ordering::SeqCst),
+        "shutdown returned while the callback still ran"
+    );
+}
+
 /// `fire_due` and `shutdown` at the same time (no driver thread): every timer is delivered or
 /// handed back, exactly once. `shutdown` waits for the turn in progress before it drains.
 #[test]
