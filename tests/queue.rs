@@ -602,6 +602,53 @@ fn poison_tasks_are_dead_lettered_with_reasons_and_the_consumer_goes_on() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A handler error whose `Display` panics is still settled: the task is dead-lettered (one
+/// attempt allowed) with a reason that says so. (The error was formatted outside the guard
+/// around the handler: the panic ended the call before the outcome was sent, and the task
+/// stayed leased to the consumer, its lease renewed, for as long as it ran.)
+#[test]
+fn a_handler_error_that_panics_when_shown_still_settles_its_task() {
+    #[derive(Debug)]
+    struct Unshowable;
+    impl std::fmt::Display for Unshowable {
+        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            panic!("this error cannot be shown")
+        }
+    }
+    impl std::error::Error for Unshowable {}
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("unshowable", |cfg| {
+        cfg.retry = RetryPolicy {
+            max_attempts: 1,
+            backoff: Backoff::Quadratic {
+                unit: Duration::from_millis(10),
+            },
+        };
+    });
+    let c = Consumer::start(
+        cfg,
+        Handlers::new().on("job", |_| Err(Box::new(Unshowable))),
+    )
+    .unwrap();
+    enqueue_all(&rt, &p, "job", vec![("u".into(), now_ms())]);
+    wait_until("the dead letter", || {
+        rt.block_on(p.depth()).unwrap().dead == 1
+    });
+    let dead = rt.block_on(p.dead_letters(10)).unwrap();
+    assert_eq!(dead[0].id, "u");
+    assert!(
+        dead[0].reason.starts_with("handler panicked"),
+        "{:?}",
+        dead[0]
+    );
+    assert_eq!(rt.block_on(p.depth()).unwrap().leased, 0);
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 /// An envelope whose attempt count is already at its maximum (a client may enqueue any count)
 /// fails once more and is dead-lettered: the count saturates instead of overflowing, which
 /// panicked and left the task leased to this consumer for good.
@@ -995,6 +1042,8 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
         // Beyond a cluster's slots: refused before a key set is built for each.
         |c: &mut QueueConfig| c.shards = u32::MAX,
         |c: &mut QueueConfig| c.handler_threads = 1_025,
+        // A claim's LIMIT goes through Lua's doubles: refused before it stops being an integer.
+        |c: &mut QueueConfig| c.batch = 100_001,
         // Leases are counted in whole ms: a shorter one would end at the due time.
         |c: &mut QueueConfig| c.lease = Duration::from_micros(999),
     ] {

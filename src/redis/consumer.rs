@@ -190,6 +190,9 @@ struct Wake {
 struct Shared {
     cfg: QueueConfig,
     id: String,
+    /// Names this consumer's kept claims (`{ns}:batch:<this>`): its id and a random
+    /// instance number, so that two consumers given the same id do not overwrite each other's.
+    batch_name: String,
     shards: Vec<KeyLayout>,
     claim_from: Vec<u32>,
     conn: Conn,
@@ -289,6 +292,7 @@ impl Consumer {
             .collect();
         let (out_tx, out_rx) = mpsc::channel(OUTCOME_BOUND);
         let shared = Arc::new(Shared {
+            batch_name: format!("{id}:{:016x}", fastrand::u64(..)),
             id,
             shards,
             claim_from,
@@ -622,15 +626,19 @@ fn fire(shared: &Shared, c: Claimed) {
     metrics::histogram!("delaywheel_queue_lateness_seconds").record(late_us as f64 / 1e6);
     shared.counters.fired.fetch_add(1, Relaxed);
     metrics::counter!("delaywheel_queue_fired_total").increment(1);
-    let result = match shared.handlers.map.get(c.envelope.topic.as_ref()) {
-        Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h(&c.envelope))).unwrap_or_else(
-            |payload| {
-                // Its drop may panic too; out of this thread, the task's outcome would be lost.
-                crate::delivery::forget_panic(payload);
-                Err("handler panicked".into())
-            },
-        ),
-        None => Err(format!("unknown topic: {}", c.envelope.topic).into()),
+    // The error is formatted and dropped inside the guard too: a user error type whose
+    // `Display` or `Drop` panics must not end this call before the outcome is sent, which
+    // would leave the task in `working`, its lease renewed and never settled.
+    let result: Result<(), String> = match shared.handlers.map.get(c.envelope.topic.as_ref()) {
+        Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| {
+            h(&c.envelope).map_err(|e| e.to_string())
+        }))
+        .unwrap_or_else(|payload| {
+            // Its drop may panic too; out of this thread, the task's outcome would be lost.
+            crate::delivery::forget_panic(payload);
+            Err("handler panicked (or its error's Display or Drop did)".into())
+        }),
+        None => Err(format!("unknown topic: {}", c.envelope.topic)),
     };
     let Claimed {
         shard,
@@ -643,11 +651,10 @@ fn fire(shared: &Shared, c: Claimed) {
             id: envelope.id,
             owner,
         },
-        Err(e) => {
+        Err(reason) => {
             // Saturating: a client may enqueue any count, and a panic here would strand the task
             // (its lease renewed, its outcome never sent).
             envelope.attempt = envelope.attempt.saturating_add(1);
-            let reason = e.to_string();
             let retry = &shared.cfg.retry;
             if envelope.attempt >= retry.max_attempts {
                 tracing::warn!(id = %envelope.id, attempt = envelope.attempt, %reason, "task dead-lettered");
@@ -725,10 +732,13 @@ async fn claim_loop(
         let mut full = false;
         let mut failed = false;
         match claim(&shared, &timer, shard, nonce).await {
-            Ok(n) => {
-                full = n == cfg.batch;
+            Ok(Some(Took { n, asked })) => {
+                // Full (as many as it asked for): claim again at once if there is room.
+                full = n >= asked;
                 nonce = fastrand::u64(..);
             }
+            // No room: nothing was sent, and a nonce kept after a failure stays for the retry.
+            Ok(None) => {}
             Err(e) => {
                 if failures == 0 && shared.failing.fetch_add(1, SeqCst) == 0 {
                     tracing::warn!(shard, error = %e, "claim failed; retrying with backoff");
@@ -803,18 +813,27 @@ impl Drop for Reserved<'_> {
     }
 }
 
+/// What a claim took: `n` tasks, of the `asked` it had room for. (A claim answered again, its
+/// first reply lost, may bring more than it asked for this time: they were leased already.)
+struct Took {
+    n: usize,
+    asked: usize,
+}
+
 /// One claim on `shard` with `nonce` (the nonce of a failed claim answers that claim's batch
-/// again); puts the tasks in the wheel. Returns how many it took.
+/// again); puts the tasks in the wheel. `None` if there was no room under `max_held`: no claim
+/// was sent.
 async fn claim(
     shared: &Shared,
     timer: &Timer<Claimed>,
     shard: u32,
     nonce: u64,
-) -> Result<usize, QueueError> {
+) -> Result<Option<Took>, QueueError> {
     let cfg = &shared.cfg;
     let Some(room) = Reserved::take(shared) else {
-        return Ok(0);
+        return Ok(None);
     };
+    let asked = room.n;
     let keys = &shared.shards[shard as usize];
     let now = now_ms();
     let mut inv = scripts::CLAIM.prepare_invoke();
@@ -824,7 +843,7 @@ async fn claim(
         .key(keys.owner())
         .key(keys.fence())
         .key(keys.dead())
-        .key(keys.batch(&shared.id))
+        .key(keys.batch(&shared.batch_name))
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(room.n)
         .arg(shared.id.as_str())
@@ -834,7 +853,7 @@ async fn claim(
     shared.counters.claims.fetch_add(1, Relaxed);
     let Some((token, rest)) = reply.split_first() else {
         metrics::histogram!("delaywheel_queue_claim_batch").record(0.0);
-        return Ok(0);
+        return Ok(Some(Took { n: 0, asked }));
     };
     let owner: Arc<str> = format!("{}|{}", shared.id, String::from_utf8_lossy(token)).into();
     let n = rest.len() / 3;
@@ -909,10 +928,10 @@ async fn claim(
                     timer.cancel(old);
                 }
             }
-            Err(_) => return Ok(n), // shutting down: the lease brings it back
+            Err(_) => return Ok(Some(Took { n, asked })), // shutting down: the lease brings it back
         }
     }
-    Ok(n)
+    Ok(Some(Took { n, asked }))
 }
 
 /// Subscribes to the queue's wake-ups and forwards each due time to the claim loop;

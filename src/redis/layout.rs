@@ -114,7 +114,8 @@ impl KeyLayout {
         &self.expired
     }
 
-    /// The queue's LIST of the last claim of consumer `consumer`: the claim's nonce, its
+    /// The queue's LIST of the last claim of consumer `consumer` (a consumer passes its id and
+    /// a random instance number, `id:instance`): the claim's nonce, its
     /// token, then each leased id and its due time. A claim retried with the same nonce (its
     /// reply was lost) answers with it instead of claiming again. Expires with the claim's
     /// leases.

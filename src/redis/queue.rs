@@ -76,6 +76,9 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The largest `batch` a queue accepts: one claim's reply holds that many envelopes.
+const MAX_BATCH: usize = 100_000;
+
 /// Settings of a queue, shared by its producers and consumers.
 #[derive(Debug, Clone)]
 pub struct QueueConfig {
@@ -102,7 +105,7 @@ pub struct QueueConfig {
     pub reconcile: Duration,
     /// A notified consumer claims this long before the task is due (default 20 ms).
     pub claim_margin: Duration,
-    /// Tasks per claim (default 500).
+    /// Tasks per claim (default 500; at most 100 000).
     pub batch: usize,
     /// Claimed tasks a consumer holds at most (default 100 000); it claims less beyond that.
     pub max_held: usize,
@@ -191,6 +194,10 @@ impl QueueConfig {
             return Err(QueueError::Config(
                 "batch, max_held and handler_threads must be at least 1",
             ));
+        }
+        if self.batch > MAX_BATCH {
+            // Also: past 2^53 a claim's LIMIT, a Lua double, would not be an integer.
+            return Err(QueueError::Config("batch must be at most 100000"));
         }
         if self.handler_threads > 1_024 {
             return Err(QueueError::Config("handler_threads must be at most 1024"));
