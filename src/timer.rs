@@ -13,14 +13,19 @@
 //!   earliest deadline it found *after*, so an insert it did not see always wakes it. The wake
 //!   is the `woken` flag, set before the unpark and checked (and cleared) by the driver right
 //!   before it parks: the park token alone is not enough, because a delivery blocked on a full
-//!   channel parks the driver thread inside crossbeam, which consumes the token. Only the
-//!   producer that turns the flag on unparks, and one that finds it on does nothing: while it
-//!   is on, the driver has a wake-up to consume, and a turn after it (see `wake_driver`).
+//!   channel parks the driver thread inside crossbeam, which consumes the token. The flag has
+//!   two "on" states: `WAKING` (set, its setter has not unparked yet) and `WOKEN` (set, and
+//!   unparked since). Only the producer that turns the flag on unparks as a rule; one that
+//!   finds it `WOKEN` does nothing (the driver has a wake-up to consume, and a turn after it,
+//!   see `wake_driver`), and one that finds it `WAKING` unparks too, so that a setter
+//!   descheduled before its unpark delays no timer.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst,
+};
 use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread, ThreadId};
 use std::time::{Duration, Instant};
@@ -75,6 +80,13 @@ pub struct Pending<T> {
     pub value: T,
 }
 
+/// `Core::woken`: no wake-up pending.
+const IDLE: u8 = 0;
+/// `Core::woken`: a wake-up pending, whose setter has not unparked the driver yet.
+const WAKING: u8 = 1;
+/// `Core::woken`: a wake-up pending, and the driver unparked since it was set.
+const WOKEN: u8 = 2;
+
 pub(crate) struct Core<T> {
     /// Distinguishes this engine's ids from another engine's.
     engine: u32,
@@ -85,10 +97,11 @@ pub(crate) struct Core<T> {
     clock: Clock,
     /// See the ground rules.
     next_wake: AtomicU64,
-    /// Set by a producer that wakes the driver; see the ground rules. On a cache line of its
-    /// own: producers write it (while the wheel is empty, on every schedule), and it shared a
-    /// line with `stopping`, which every schedule reads.
-    woken: CachePadded<AtomicBool>,
+    /// Set by a producer that wakes the driver (`WAKING`, then `WOKEN` once it has unparked
+    /// it), cleared (`IDLE`) by the driver; see the ground rules. On a cache line of its own:
+    /// producers write it (while the wheel is empty, on every schedule), and it shared a line
+    /// with `stopping`, which every schedule reads.
+    woken: CachePadded<AtomicU8>,
     driver: OnceLock<Thread>,
     stopping: AtomicBool,
     stopped: AtomicBool,
@@ -214,13 +227,26 @@ impl<T> Core<T> {
         // timer seen: the driver's swap that clears it comes after that read, and the turn
         // after that swap locks this shard after the insert (or the swap would have happened
         // before the read, through the shard's lock, and the read would see it cleared).
-        // The wake-up then rests on the producer that set it, which unparks right after: a
-        // producer descheduled between the two delays every timer that relies on it.
-        if self.woken.load(SeqCst) || self.woken.swap(true, SeqCst) {
-            return;
+        // The wake-up then rests on the producer that set it, which unparks right after; while
+        // it has not (`WAKING`: it may have been descheduled in between), others unpark too.
+        let unpark = || {
+            if let Some(driver) = self.driver.get() {
+                driver.unpark();
+            }
+        };
+        match self.woken.load(SeqCst) {
+            WOKEN => return,
+            WAKING => return unpark(),
+            _ => {}
         }
-        if let Some(driver) = self.driver.get() {
-            driver.unpark();
+        match self.woken.compare_exchange(IDLE, WAKING, SeqCst, SeqCst) {
+            Ok(_) => {
+                unpark();
+                // Unless the driver has cleared it meanwhile (it then had its wake-up).
+                let _ = self.woken.compare_exchange(WAKING, WOKEN, SeqCst, SeqCst);
+            }
+            Err(WAKING) => unpark(),
+            Err(_) => {}
         }
     }
 
@@ -359,7 +385,7 @@ fn drive<T>(core: Arc<Core<T>>) {
         // A producer that inserted after the scan set `woken`. Its unpark may have been
         // swallowed by a delivery that blocked (crossbeam parks this thread too): the flag is
         // what counts. One that inserts after this check still unparks a park to come.
-        if core.woken.swap(false, SeqCst) {
+        if core.woken.swap(IDLE, SeqCst) != IDLE {
             continue;
         }
         match next {
@@ -833,7 +859,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
             ticks: Ticks::new(origin, self.tick),
             clock: self.clock.clone(),
             next_wake: AtomicU64::new(u64::MAX),
-            woken: CachePadded::new(AtomicBool::new(false)),
+            woken: CachePadded::new(AtomicU8::new(IDLE)),
             driver: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stopped: AtomicBool::new(false),

@@ -9,14 +9,32 @@
 //! removed (the bug the rule prevents) must fail, which shows the check can fail: a stale
 //! `next_wake` from the previous turn hides the new timer from the producer. So must a driver
 //! that trusts the park token alone when a blocked delivery (crossbeam parking the driver
-//! thread) swallows it: that is what the `woken` flag is for.
+//! thread) swallows it: that is what the `woken` flag is for. And so must producers that keep
+//! the old rule (one that finds the flag on does nothing) when the producer that set it stalls
+//! before its unpark: the early timer of a producer that has returned then waits for the
+//! stalled one. That is what the flag's `WAKING` state is for.
 
-use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use loom::sync::{Arc, Mutex};
+use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::SeqCst};
+use loom::sync::{Arc, Mutex, Notify};
 use loom::thread;
 
 const LATE: u64 = 100;
 const EARLY: u64 = 5;
+
+/// `woken`'s states, as in `src/timer.rs`.
+const IDLE: u8 = 0;
+const WAKING: u8 = 1;
+const WOKEN: u8 = 2;
+
+/// How the modelled producers wake the driver.
+#[derive(Clone, Copy, PartialEq)]
+enum Producers {
+    /// As `wake_driver` in `src/timer.rs`: one that finds the flag `WAKING` unparks too.
+    Engine,
+    /// The old rule (a bug the check below must catch): one that finds the flag on, in either
+    /// state, does nothing.
+    FlagOnDoesNothing,
+}
 
 /// How the modelled driver deviates from the engine's (both deviations are bugs, which the
 /// checks below must catch).
@@ -39,6 +57,26 @@ enum Driver {
 /// two producers, the one with the earlier timer may find the flag already set by the other
 /// and do nothing: the driver must still see its timer.
 fn model(driver_kind: Driver, producers: usize, blocked_delivery: bool) {
+    model_with(
+        driver_kind,
+        Producers::Engine,
+        producers,
+        blocked_delivery,
+        false,
+    );
+}
+
+/// As [`model`]; with `stalled_setter`, the first producer (the later of two timers), if it
+/// is the one that turns the flag on, stalls before its unpark until the driver has seen the
+/// earliest timer: that one's producer, which returns meanwhile, must have the driver see it
+/// without the stalled one.
+fn model_with(
+    driver_kind: Driver,
+    producer_kind: Producers,
+    producers: usize,
+    blocked_delivery: bool,
+    stalled_setter: bool,
+) {
     let mut builder = loom::model::Builder::new();
     // Bounded preemptions keep the larger models to seconds; the lost wake-ups these guard
     // against need only one or two.
@@ -47,15 +85,18 @@ fn model(driver_kind: Driver, producers: usize, blocked_delivery: bool) {
         let shard = Arc::new(Mutex::new(vec![LATE]));
         // What the previous turn published: a timer due at 3 that has since been cancelled.
         let next_wake = Arc::new(AtomicU64::new(3));
-        let woken = Arc::new(AtomicBool::new(false));
+        let woken = Arc::new(AtomicU8::new(IDLE));
         let room = Arc::new(AtomicBool::new(false));
+        // Announced by the driver once it has seen the earliest timer.
+        let seen = Arc::new(Notify::new());
 
         let driver = {
-            let (shard, next_wake, woken, room) = (
+            let (shard, next_wake, woken, room, seen) = (
                 shard.clone(),
                 next_wake.clone(),
                 woken.clone(),
                 room.clone(),
+                seen.clone(),
             );
             thread::spawn(move || {
                 let mut delivered = !blocked_delivery;
@@ -65,6 +106,7 @@ fn model(driver_kind: Driver, producers: usize, blocked_delivery: bool) {
                     }
                     let earliest = shard.lock().unwrap().iter().copied().min();
                     if earliest == Some(EARLY) {
+                        seen.notify();
                         return; // the driver has seen a new earliest timer: it fires on time
                     }
                     if !delivered {
@@ -75,7 +117,7 @@ fn model(driver_kind: Driver, producers: usize, blocked_delivery: bool) {
                             thread::park();
                         }
                     }
-                    let was_woken = woken.swap(false, SeqCst);
+                    let was_woken = woken.swap(IDLE, SeqCst) != IDLE;
                     if was_woken && driver_kind != Driver::IgnoresWoken {
                         continue;
                     }
@@ -87,18 +129,46 @@ fn model(driver_kind: Driver, producers: usize, blocked_delivery: bool) {
 
         let mut handles: Vec<_> = (0..producers)
             .map(|i| {
-                let (shard, next_wake, woken) = (shard.clone(), next_wake.clone(), woken.clone());
+                let (shard, next_wake, woken, seen) = (
+                    shard.clone(),
+                    next_wake.clone(),
+                    woken.clone(),
+                    seen.clone(),
+                );
                 let driver = driver.thread().clone();
                 let due = EARLY + 2 * (producers - 1 - i) as u64;
+                let stalls = stalled_setter && i == 0;
                 thread::spawn(move || {
                     shard.lock().unwrap().push(due);
-                    // Only the producer that turns the flag on unparks; one that finds it on
-                    // does nothing.
-                    if due < next_wake.load(SeqCst)
-                        && !woken.load(SeqCst)
-                        && !woken.swap(true, SeqCst)
-                    {
-                        driver.unpark();
+                    if due >= next_wake.load(SeqCst) {
+                        return;
+                    }
+                    // One that finds the flag `WOKEN` does nothing; one that finds it `WAKING`
+                    // unparks too (not under the old rule); the one that turns it on unparks,
+                    // then marks it `WOKEN` unless the driver has cleared it meanwhile.
+                    let helps = producer_kind == Producers::Engine;
+                    match woken.load(SeqCst) {
+                        WOKEN => return,
+                        WAKING => {
+                            if helps {
+                                driver.unpark();
+                            }
+                            return;
+                        }
+                        _ => {}
+                    }
+                    match woken.compare_exchange(IDLE, WAKING, SeqCst, SeqCst) {
+                        Ok(_) => {
+                            if stalls {
+                                // Blocked, not spinning: if nothing else wakes the driver, loom
+                                // finds every thread blocked and reports the deadlock.
+                                seen.wait();
+                            }
+                            driver.unpark();
+                            let _ = woken.compare_exchange(WAKING, WOKEN, SeqCst, SeqCst);
+                        }
+                        Err(WAKING) if helps => driver.unpark(),
+                        Err(_) => {}
                     }
                 })
             })
@@ -132,6 +202,11 @@ fn a_delivery_that_swallows_the_unpark_loses_no_wake_up() {
     model(Driver::Engine, 1, true);
 }
 
+#[test]
+fn a_setter_stalled_before_its_unpark_delays_no_other_producers_timer() {
+    model_with(Driver::Engine, Producers::Engine, 2, false, true);
+}
+
 /// The buggy drivers, run by the tests below in a child process each, because loom aborts the
 /// process when it finds the deadlock.
 #[test]
@@ -144,6 +219,12 @@ fn buggy_protocol_child() {
 #[ignore = "run in a child process by without_the_woken_flag_a_swallowed_unpark_is_lost"]
 fn ignores_woken_child() {
     model(Driver::IgnoresWoken, 1, true);
+}
+
+#[test]
+#[ignore = "run in a child process by under_the_old_rule_a_stalled_setter_delays_the_others"]
+fn flag_on_does_nothing_child() {
+    model_with(Driver::Engine, Producers::FlagOnDoesNothing, 2, false, true);
 }
 
 fn fails_with_a_deadlock(child: &str) {
@@ -164,4 +245,9 @@ fn without_publishing_the_scan_a_wake_up_is_lost() {
 #[test]
 fn without_the_woken_flag_a_swallowed_unpark_is_lost() {
     fails_with_a_deadlock("ignores_woken_child");
+}
+
+#[test]
+fn under_the_old_rule_a_stalled_setter_delays_the_others() {
+    fails_with_a_deadlock("flag_on_does_nothing_child");
 }
