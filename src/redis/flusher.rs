@@ -102,6 +102,16 @@ impl Journal {
         self.ops.insert(id, change)
     }
 
+    /// Keys the change journaled for `key`'s id by `key` (a task's new version), so that it no
+    /// longer keeps the version it was first journaled with alive (payloads can be 64 KiB).
+    /// Only on a replacement: `record` keeps a key it finds, and re-keying every call would
+    /// cost the hot path a probe.
+    pub(super) fn rekey(&mut self, key: TaskKey) {
+        if let Some((_, change)) = self.ops.remove_entry(key.id()) {
+            self.ops.insert(key, change);
+        }
+    }
+
     /// Notes when the oldest unflushed change was made (for the lag metric).
     fn changed(&mut self) {
         if self.oldest.is_none() {

@@ -54,7 +54,7 @@
 //! |---|---|---|
 //! | `{ns}:due` | ZSET | member = task id, score = due time in ms since the Unix epoch |
 //! | `{ns}:tasks` | HASH | task id → the JSON [`Envelope`] |
-//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at", "attempt" }` of an entry that could not be used (`raw`: the envelope; [`Persistent`] keeps one that is not UTF-8 in `raw_hex` instead, the queue in `raw` with those bytes replaced by U+FFFD, or by its reaper as Lua's cjson writes them; with no envelope, `null` from [`Persistent`] and `""` from the queue's scripts; `attempt`: queue only) |
+//! | `{ns}:dead` | HASH | task id → JSON `{ "reason", "raw", "at", "attempt" }` of an entry that could not be used (`raw`: the envelope; [`Persistent`] keeps one that is not UTF-8 in `raw_hex` (and `raw` is `null`), the queue in `raw` with those bytes replaced by U+FFFD, or by its reaper as Lua's cjson writes them; with no envelope, `null` from [`Persistent`] and `""` from the queue's scripts; `attempt`: queue only) |
 //! | `{ns}:lease` | ZSET | queue: claimed task id → lease deadline in ms (Redis's clock) |
 //! | `{ns}:owner` | HASH | queue: claimed task id → `consumer|token` (the fencing token) |
 //! | `{ns}:fence` | STRING | queue: the counter of fencing tokens |

@@ -14,7 +14,9 @@
 //!   timer delivers fired tasks with no shard lock held.
 //! * A fired task stays in Redis until [`Persistent::ack`]: delivery is at-least-once. A crash
 //!   between firing and the acknowledgement fires the task again after the restart.
-//! * `WriteBehind` (default) loses at most the changes of the last flush window in a crash.
+//! * `WriteBehind` (default) loses in a crash the changes not yet written: those of the last
+//!   flush window while Redis answers, and every one since it stopped answering while it does
+//!   not (up to `journal_bound`).
 //!   `WriteThrough` makes `schedule` return only once Redis has acknowledged it.
 
 use std::collections::hash_map::Entry as MapEntry;
@@ -41,8 +43,9 @@ use crate::{BuildError, Timer, TimerId};
 /// When a change counts as done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// `schedule` returns at once; the flusher writes within `flush_interval`. A crash loses at
-    /// most the last flush window of changes.
+    /// `schedule` returns at once; the flusher writes within `flush_interval`. A crash loses
+    /// the changes not yet written: the last flush window's while Redis answers, and all of
+    /// those since it stopped answering while it does not (up to `journal_bound`).
     #[default]
     WriteBehind,
     /// `schedule` returns only once Redis has acknowledged the write (or, with
@@ -94,7 +97,8 @@ pub struct PersistConfig {
     /// Unflushed changes the journal may hold before `schedule` applies `when_full`
     /// (default 1 000 000). Cancels, acks and a restore's corrections are journaled past it,
     /// since refusing them would lose them: each is one entry per id at most, so the journal
-    /// holds at most the bound plus the tasks held.
+    /// holds at most the bound plus the ids Redis may hold (the tasks written before it
+    /// stopped answering).
     pub journal_bound: usize,
     /// What happens beyond the bound.
     pub when_full: WhenFull,
@@ -165,16 +169,16 @@ pub enum PersistError {
     Envelope(EnvelopeError, Box<Envelope>),
     /// The journal is full (Redis down or slow) and the policy is [`WhenFull::Error`].
     JournalFull(Box<Envelope>),
-    /// The engine has been shut down. The envelope comes back unscheduled, except from a
-    /// `WriteThrough` schedule that a shutdown interrupted while it waited for Redis: that
-    /// task was journaled, and the final round writes it if Redis answers by then, so it may
-    /// still fire after a restore (at-least-once: rescheduling it elsewhere can fire it twice).
+    /// The engine has been shut down: the envelope comes back unscheduled. (A `WriteThrough`
+    /// schedule that a shutdown interrupts while it waits for Redis returns
+    /// [`Unconfirmed`](Self::Unconfirmed) instead: that task was taken.)
     Shutdown(Box<Envelope>),
     /// `WriteThrough` only: Redis did not confirm the task within
-    /// [`PersistConfig::write_through_timeout`] (it is down or slow). The task was *not*
-    /// refused: it is scheduled in memory and its write stays in the journal, sent when Redis
-    /// answers, as with `WriteBehind`. A crash, or a shutdown while Redis is still down, before
-    /// that loses it. [`Persistent::cancel`] with this id withdraws it, unless it has fired
+    /// [`PersistConfig::write_through_timeout`] (it is down or slow), or a
+    /// [`shutdown`](Persistent::shutdown) ended the wait. The task was *not* refused: it is
+    /// scheduled in memory and its write stays in the journal, sent when Redis answers, as with
+    /// `WriteBehind`; a shutdown's final round writes it, or returns it among the tasks it
+    /// could not write. A crash before that loses it. [`Persistent::cancel`] with this id withdraws it, unless it has fired
     /// meanwhile (then it waits for `ack` like any fired task) or another `schedule` of the id
     /// has replaced it (then `cancel` withdraws that one).
     Unconfirmed(String),
@@ -605,7 +609,7 @@ impl<S: TaskStore> Persistent<S> {
         else {
             return Err(PersistError::Shutdown(unshare(envelope)));
         };
-        // WriteThrough hands the envelope back if the engine stops before Redis confirms it.
+        // WriteThrough names the task if Redis does not confirm it in time.
         let kept =
             (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
         let State { index, journal, .. } = &mut *state;
@@ -634,6 +638,8 @@ impl<S: TaskStore> Persistent<S> {
                     self.timer.cancel(t);
                 }
                 entry.persisted |= old.persisted;
+                // The journal kept the key of its first change to the id: an older version.
+                journal.rekey(TaskKey::of(&entry.envelope));
                 index.insert(TaskKey::of(&entry.envelope), entry);
             }
         }
@@ -642,9 +648,9 @@ impl<S: TaskStore> Persistent<S> {
             // releases the lock) for the round after it.
             let round = journal.flushed;
             if !self.inner.wait_for_round(&mut state, round + 2, deadline) {
-                if self.inner.stopping.load(SeqCst) {
-                    return Err(PersistError::Shutdown(unshare(envelope)));
-                }
+                // Also when a shutdown ended the wait: the task was taken, and the shutdown's
+                // final round writes it or hands it back (its list of unwritten tasks). Handing
+                // it back here too would hand it back twice.
                 return Err(PersistError::Unconfirmed(envelope.id.clone()));
             }
         }
@@ -979,7 +985,8 @@ impl<S: TaskStore> Persistent<S> {
     ///
     /// Only after a [`restore`](Self::restore) has completed: before, memory may lack the rows
     /// a previous process left, which the snapshot would delete. Without one this returns `None`
-    /// at once, unless a restore is running (then it waits for it, within `timeout`).
+    /// at once, unless a restore is running (then it waits for it, within `timeout`; if that
+    /// restore fails, the snapshot is refused and dropped, and `None` comes back at once).
     pub fn snapshot(&self, timeout: Duration) -> Option<usize> {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
@@ -993,8 +1000,11 @@ impl<S: TaskStore> Persistent<S> {
         self.inner.kick(&mut state.journal);
         while state.journal.snapshot_ok <= after {
             if state.unrestored() {
-                // The restore it waited for failed: refused, as if none had run (it is taken
-                // once a restore completes).
+                // The restore it waited for failed: refused, as if none had run. No longer
+                // asked for either: every caller waiting for it returns `None` here (none can
+                // be waiting while a restore has completed), so a later restore that completes
+                // must not start a rewrite of the whole set that nobody waits for.
+                state.journal.snapshot_wanted = false;
                 return None;
             }
             if self.inner.stopping.load(SeqCst) || self.inner.wait_round(&mut state, deadline) {
@@ -1280,6 +1290,34 @@ mod tests {
         assert_eq!(Arc::strong_count(&old), 1, "the old envelope is still held");
         assert_eq!(key_of(&p).payload, serde_json::json!(2));
         assert!(p.cancel("a"));
+        p.shutdown();
+    }
+
+    /// The same within one flush window (or while Redis is down): the journal's upsert of the
+    /// id must not keep the first version's envelope either. (It kept its first key, and with
+    /// it up to `journal_bound` payloads no one could read any more.)
+    #[test]
+    fn a_task_replaced_before_its_flush_keeps_no_reference_to_its_old_envelope() {
+        let mut cfg = PersistConfig::new("unused://", "unused");
+        cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+        let (p, _fired) = Persistent::with_store(cfg, Accept).unwrap();
+        let far = now_ms() + 3_600_000;
+        p.schedule("a", "t", serde_json::json!("x".repeat(1_000)), far)
+            .unwrap();
+        let old = p
+            .inner
+            .state
+            .lock()
+            .index
+            .get_key_value("a")
+            .unwrap()
+            .0
+             .0
+            .clone();
+        p.schedule("a", "t", serde_json::json!(2), far).unwrap();
+        assert_eq!(p.journal_depth(), 1, "one upsert of the id, waiting");
+        assert_eq!(Arc::strong_count(&old), 1, "the old envelope is still held");
+        assert!(p.flush(Duration::from_secs(10)));
         p.shutdown();
     }
 }

@@ -600,8 +600,9 @@ impl RedisStore {
 
     /// Replaces the live set with the upserts in `tasks` (see
     /// [`TaskStore::replace_all`]): writes them in pipelined batches into scratch keys of the
-    /// same hash tag, then swaps those in with one MULTI (DEL + RENAME), so readers see the old
-    /// set or the new one. One engine per namespace: two concurrent snapshots of the same
+    /// same hash tag, then swaps those in with one Lua script (two RENAMEs, only if both
+    /// scratch keys exist; ACL users need EVAL/EVALSHA), so readers see the old set or the new
+    /// one. An empty set is one DEL of the live keys. One engine per namespace: two concurrent snapshots of the same
     /// namespace would share the scratch keys.
     ///
     /// A snapshot that fails part-way deletes its scratch keys before returning the error
