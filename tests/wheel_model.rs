@@ -14,7 +14,7 @@ enum When {
     Now,
     Near(u64),
     Mid(u64),
-    /// Around and beyond the default layout's range (2^36).
+    /// Around and beyond the 6 × 64 layout's range (2^36; the default layout covers all of u64).
     Far(u64),
     Absolute(u64),
     Max,

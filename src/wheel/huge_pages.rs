@@ -16,8 +16,10 @@
 //!
 //! Only tables of at least 32 MiB (1.4M timers of `u64`) are advised: glibc serves smaller
 //! blocks from its heap once its mmap threshold has risen, and advice given there would stay
-//! on that part of the heap after the wheel is gone. From 32 MiB a block is always a mapping
-//! of its own, which the advice leaves with when it is freed. The advice changes nothing
+//! on that part of the heap after the wheel is gone. From 32 MiB glibc always gives a block a
+//! mapping of its own, which the advice leaves with when it is freed. (Under another global
+//! allocator, jemalloc or mimalloc, the region may be reused for other allocations after the
+//! wheel frees it, and they would keep the advice: harmless, as it changes no contents.) The advice changes nothing
 //! else: not the contents, not the layout. Where the kernel refuses it (no THP support) or the
 //! system is not Linux, nothing happens.
 
@@ -55,8 +57,9 @@ fn advise_pages(pages: std::ops::Range<usize>) -> bool {
     // SAFETY: MADV_HUGEPAGE is advice only: whatever the range, it never changes, discards or
     // moves memory contents (unlike MADV_DONTNEED or MADV_FREE), creates no reference to the
     // memory, and at worst fails with an error code, which is returned as `false`. The range
-    // lies inside a vector buffer this wheel owns (rounded inward to huge page boundaries), so
-    // the advice applies to our own memory only.
+    // lies inside a vector buffer this wheel owns (rounded inward to huge page boundaries);
+    // advice that outlives the buffer (a global allocator that reuses the region) changes no
+    // one's contents either.
     let rc = unsafe {
         libc::madvise(
             pages.start as *mut libc::c_void,

@@ -311,7 +311,8 @@ mod tests {
     }
 
     /// A much-used vacant record is not truncated, so the floor that records recreated after a
-    /// shrink start from stays low, and each of them has at least 2^31 uses ahead of it.
+    /// shrink start from stays low, and each of them has at least 2^30 uses (2^31
+    /// generations, two per use) ahead of it.
     #[test]
     fn a_shrink_keeps_the_generation_floor_low() {
         let mut keys: Keys<u64> = Keys::with_capacity(0);

@@ -34,16 +34,20 @@
 //!   the next occupied slot (found with `trailing_zeros` on per-level occupancy bitmaps), so this
 //!   stays true and the slot can be recomputed from the deadline whenever it is needed.
 //! * **Wide levels.** The default is 8 levels of 256 slots, which covers all of `u64`: a timer
-//!   due within 65 536 ticks (65 s at 1 ms) is moved at most once before it fires, where 64-slot
-//!   levels move it twice. Measured, this halved the expiry cost per fired timer.
+//!   due within the current aligned block of 65 536 ticks (65 s at 1 ms) is moved at most once
+//!   before it fires, where 64-slot levels move it twice (one due across a block boundary may
+//!   be moved once more). Measured, this halved the expiry cost per fired timer.
 //! * **Memory.** 24 bytes of record plus 8 bytes of element: 32 bytes per pending `u64` timer,
 //!   plus the spare capacity the slot vectors keep for reuse (`examples/wheel_load.rs` reports
 //!   the resident figure; `shrink_to_fit` returns it). `tokio-util`'s `DelayQueue` uses 64.
 //!
-//! Timers due at or before the wheel's time sit in a ready list; timers beyond the last level's
+//! Timers due at or before the wheel's time sit in a ready list, sorted (what a level-0 slot
+//! becomes) or, once an insert or cancel of a timer already due breaks that order, a binary
+//! heap until it empties: O(log n) per operation there, never a re-sort. Timers beyond the last level's
 //! range sit in an overflow tier that is re-examined only when the wheel reaches the epoch of the
-//! earliest of them, so a deadline years away (up to `u64::MAX`) costs nothing until then and
-//! still fires exactly on time.
+//! earliest of them (or of a cancelled one that was the earliest: the tier's minimum is a lower
+//! bound, made exact by each rescan), so a deadline years away (up to `u64::MAX`) costs nothing
+//! until then and still fires exactly on time.
 //!
 //! ```
 //! use delaywheel::wheel::Wheel;
@@ -98,7 +102,10 @@ impl<T> fmt::Debug for CapacityError<T> {
 
 impl<T> fmt::Display for CapacityError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the wheel already holds the maximum number of timers (u32::MAX)")
+        f.write_str(
+            "the wheel has no record free: u32::MAX timers pending, fewer once records whose \
+             generation ran out are retired",
+        )
     }
 }
 
@@ -182,12 +189,20 @@ pub struct Wheel<T> {
     /// exactly when slot `s` of that level is non-empty.
     occupied: Box<[u64]>,
     words_per_level: usize,
-    /// Timers due at or before `elapsed`, kept so that `pop` takes the earliest deadline when
-    /// `ready_sorted` is true (sorted by descending deadline).
+    /// Timers due at or before `elapsed`, in one of two orders (see `ready_heap`). A record's
+    /// `pos` is its index here, in either.
     ready: Vec<Elem>,
-    ready_sorted: bool,
-    /// A lower bound of the ready deadlines (exact while sorted).
-    ready_min: u64,
+    /// `false`: sorted by descending deadline, popped from the end in O(1); what a level-0
+    /// slot becomes (all its timers tie), and what inserts in descending order and cancels
+    /// among ties keep. `true`: a binary min-heap on the deadline (root at 0), O(log n) per
+    /// insert, cancel and pop; entered, by one O(n) reversal, at the first change that would
+    /// break the sorted order, and left when the list empties. (A flag to re-sort on the next
+    /// pop instead cost a whole sort at each pop that followed such a change: quadratic for a
+    /// caller that interleaves them.)
+    ready_heap: bool,
+    /// Elements rewritten by switches to the heap order, for the tests' complexity checks.
+    #[cfg(test)]
+    heapified: usize,
     /// Timers beyond the last level's range.
     overflow: Vec<Elem>,
     /// A lower bound of the overflow deadlines (exact after each overflow rescan).
@@ -246,8 +261,9 @@ impl<T> Wheel<T> {
             occupied: vec![0; layout.levels() * words_per_level].into_boxed_slice(),
             words_per_level,
             ready: Vec::new(),
-            ready_sorted: true,
-            ready_min: u64::MAX,
+            ready_heap: false,
+            #[cfg(test)]
+            heapified: 0,
             overflow: Vec::new(),
             overflow_min: u64::MAX,
         }
@@ -292,7 +308,8 @@ impl<T> Wheel<T> {
 
     /// Like [`insert`](Self::insert), but hands the value back in a [`CapacityError`] when every
     /// record index is in use, instead of panicking: at most `u32::MAX` timers pending, fewer
-    /// once records whose generation ran out (each index reused 2^31 times) are retired.
+    /// once records whose generation ran out (each index reused at least 2^30 times) are
+    /// retired.
     #[inline]
     pub fn try_insert(&mut self, deadline: u64, value: T) -> Result<TimerKey, CapacityError<T>> {
         let key = self.keys.alloc(deadline, value).map_err(CapacityError)?;
@@ -392,15 +409,18 @@ impl<T> Wheel<T> {
     /// pending. A driver that sleeps until it never oversleeps.
     ///
     /// It is exact when the earliest timer is on the lowest level (due within the current
-    /// rotation of `slots_per_level` ticks), and otherwise the start of the slot that holds it.
+    /// rotation of `slots_per_level` ticks), and otherwise the start of the slot that holds it;
+    /// with only overflow timers pending, the start of the earliest one's epoch, or earlier
+    /// after a cancel there (the tier's minimum is a lower bound until its next rescan).
     /// It is read from the per-level occupancy bitmaps: O(levels), no scan of slots.
     pub fn next_deadline(&self) -> Option<u64> {
-        if let Some(last) = self.ready.last() {
-            return Some(if self.ready_sorted {
-                self.keys.entries[last.key as usize].deadline
-            } else {
-                self.ready_min
-            });
+        let earliest = if self.ready_heap {
+            self.ready.first()
+        } else {
+            self.ready.last()
+        };
+        if let Some(elem) = earliest {
+            return Some(self.keys.entries[elem.key as usize].deadline);
         }
         if let Some(event) = self.next_event() {
             return Some(match event {
@@ -534,13 +554,14 @@ impl<T> Wheel<T> {
                 &mut self.slots[level * self.layout.slots_per_level() + slot]
             }
             Loc::Ready => {
-                if let Some(last) = self.ready.last() {
-                    // Popped from the end: still sorted only if this is the earliest so far.
-                    if deadline > self.keys.entries[last.key as usize].deadline {
-                        self.ready_sorted = false;
-                    }
+                // Popped from the end: still sorted only if this is the earliest so far.
+                let out_of_order = self
+                    .ready
+                    .last()
+                    .is_some_and(|last| deadline > self.keys.entries[last.key as usize].deadline);
+                if self.ready_heap || out_of_order {
+                    return self.heap_push(elem);
                 }
-                self.ready_min = self.ready_min.min(deadline);
                 &mut self.ready
             }
             Loc::Overflow => {
@@ -573,8 +594,11 @@ impl<T> Wheel<T> {
     /// element of the list is moved over it, and that one's record learns its new position.
     #[inline]
     fn unlink(&mut self, index: u32, deadline: u64) {
-        let pos = self.keys.entries[index as usize].pos as usize;
         let loc = self.locate(deadline);
+        if loc == Loc::Ready && self.unlink_ready_out_of_order(index, deadline) {
+            return;
+        }
+        let pos = self.keys.entries[index as usize].pos as usize;
         let list = match loc {
             Loc::Slot { level, slot } => {
                 &mut self.slots[level * self.layout.slots_per_level() + slot]
@@ -590,15 +614,7 @@ impl<T> Wheel<T> {
         };
         if pos < list.len() {
             list[pos] = last;
-            let moved = &mut self.keys.entries[last.key as usize];
-            moved.pos = pos as u32;
-            // The ready list is sorted by descending deadline, so the last element has the
-            // smallest; moved up to `pos`, it keeps the order only if it ties with the timer
-            // removed (then everything from `pos` on ties). Timers due in one tick tie, and
-            // cancelling among them must not cost a re-sort at every pop.
-            if loc == Loc::Ready && moved.deadline != deadline {
-                self.ready_sorted = false;
-            }
+            self.keys.entries[last.key as usize].pos = pos as u32;
         }
         if list.is_empty() {
             match loc {
@@ -606,10 +622,132 @@ impl<T> Wheel<T> {
                 Loc::Ready | Loc::Overflow => {}
             }
         }
-        if self.ready.is_empty() {
-            self.ready_sorted = true;
-            self.ready_min = u64::MAX;
+    }
+
+    /// Removes ready timer `index` (due at `deadline`) if the ready list is, or must become, a
+    /// heap; `false` (nothing done) if a swap-remove keeps it sorted. Out of line: the
+    /// slot lists' cancels and the sorted pops stay lean.
+    #[inline(never)]
+    fn unlink_ready_out_of_order(&mut self, index: u32, deadline: u64) -> bool {
+        // The element moved over it is the last, the earliest of a sorted list: in its place
+        // the order holds only if the two tie (then everything from there on ties). Timers due
+        // in one tick tie, and cancelling among them keeps the O(1) pops.
+        let pos = self.keys.entries[index as usize].pos as usize;
+        let breaks_order = !self.ready_heap
+            && pos + 1 < self.ready.len()
+            && self
+                .ready
+                .last()
+                .is_some_and(|last| self.keys.entries[last.key as usize].deadline != deadline);
+        if !(self.ready_heap || breaks_order) {
+            return false;
         }
+        self.ready_to_heap();
+        let pos = self.keys.entries[index as usize].pos as usize;
+        debug_assert_eq!(self.ready[pos].key, index, "key table and heap disagree");
+        let _ = self.heap_remove(pos);
+        true
+    }
+
+    /// Adds a ready element in the heap order (switching to it first if need be).
+    #[inline(never)]
+    fn heap_push(&mut self, elem: Elem) {
+        self.ready_to_heap();
+        self.keys.entries[elem.key as usize].pos = self.ready.len() as u32;
+        self.ready.push(elem);
+        self.sift_up(self.ready.len() - 1);
+    }
+
+    /// Pops the earliest element of a heap-ordered ready list.
+    #[inline(never)]
+    fn heap_pop(&mut self) -> Option<Elem> {
+        self.heap_remove(0)
+    }
+
+    /// Switches the ready list to the heap order, if it is not in it: a list sorted by
+    /// descending deadline, reversed, is a min-heap. O(n), once per switch.
+    fn ready_to_heap(&mut self) {
+        if self.ready_heap {
+            return;
+        }
+        self.ready.reverse();
+        for (pos, elem) in self.ready.iter().enumerate() {
+            self.keys.entries[elem.key as usize].pos = pos as u32;
+        }
+        #[cfg(test)]
+        {
+            self.heapified += self.ready.len();
+        }
+        self.ready_heap = true;
+    }
+
+    /// The deadline of the ready element at `pos`.
+    #[inline]
+    fn ready_deadline(&self, pos: usize) -> u64 {
+        self.keys.entries[self.ready[pos].key as usize].deadline
+    }
+
+    /// Swaps two ready elements, and their records' positions.
+    #[inline]
+    fn ready_swap(&mut self, a: usize, b: usize) {
+        self.ready.swap(a, b);
+        self.keys.entries[self.ready[a].key as usize].pos = a as u32;
+        self.keys.entries[self.ready[b].key as usize].pos = b as u32;
+    }
+
+    /// Moves the heap element at `pos` up to its place; returns where it ends.
+    fn sift_up(&mut self, mut pos: usize) -> usize {
+        while pos > 0 {
+            let parent = (pos - 1) / 2;
+            if self.ready_deadline(pos) >= self.ready_deadline(parent) {
+                break;
+            }
+            self.ready_swap(pos, parent);
+            pos = parent;
+        }
+        pos
+    }
+
+    /// Moves the heap element at `pos` down to its place.
+    fn sift_down(&mut self, mut pos: usize) {
+        loop {
+            let left = 2 * pos + 1;
+            if left >= self.ready.len() {
+                return;
+            }
+            let right = left + 1;
+            let child = if right < self.ready.len()
+                && self.ready_deadline(right) < self.ready_deadline(left)
+            {
+                right
+            } else {
+                left
+            };
+            if self.ready_deadline(child) >= self.ready_deadline(pos) {
+                return;
+            }
+            self.ready_swap(pos, child);
+            pos = child;
+        }
+    }
+
+    /// Removes the heap element at `pos` (its record is left as it is); leaves the sorted
+    /// order when the list empties.
+    fn heap_remove(&mut self, pos: usize) -> Option<Elem> {
+        let last = self.ready.len().checked_sub(1)?;
+        debug_assert!(pos <= last, "heap position out of range");
+        if pos < last {
+            self.ready_swap(pos, last);
+        }
+        let elem = self.ready.pop()?;
+        if pos < self.ready.len() {
+            let at = self.sift_up(pos);
+            self.sift_down(at);
+        }
+        if self.ready.is_empty() {
+            self.ready_heap = false;
+        }
+        Some(elem)
     }
 
     #[inline]
@@ -653,10 +791,8 @@ impl<T> Wheel<T> {
                     // Every timer here is due exactly at `start`: the vector becomes the ready
                     // list as it is (positions unchanged), and the empty ready vector's capacity
                     // goes back to the slot.
-                    debug_assert!(self.ready.is_empty());
+                    debug_assert!(self.ready.is_empty() && !self.ready_heap);
                     mem::swap(&mut self.ready, &mut list);
-                    self.ready_sorted = true;
-                    self.ready_min = start;
                 } else {
                     let shift = self.layout.slot_bits() * level as u32;
                     let high = start & !low_mask(shift);
@@ -693,23 +829,16 @@ impl<T> Wheel<T> {
     /// Pops the earliest ready timer.
     #[inline]
     fn pop_ready(&mut self) -> Option<Expired<T>> {
-        if !self.ready_sorted {
-            let entries = &self.keys.entries;
-            self.ready
-                .sort_unstable_by_key(|e| std::cmp::Reverse(entries[e.key as usize].deadline));
-            for (pos, elem) in self.ready.iter().enumerate() {
-                self.keys.entries[elem.key as usize].pos = pos as u32;
+        let elem = if self.ready_heap {
+            self.heap_pop()?
+        } else {
+            let elem = self.ready.pop()?;
+            if let Some(ahead) = self.ready.len().checked_sub(PREFETCH_AHEAD) {
+                let next = self.ready[ahead].key as usize;
+                prefetch(self.keys.entries.as_ptr().wrapping_add(next));
             }
-            self.ready_sorted = true;
-        }
-        let elem = self.ready.pop()?;
-        if let Some(ahead) = self.ready.len().checked_sub(PREFETCH_AHEAD) {
-            let next = self.ready[ahead].key as usize;
-            prefetch(self.keys.entries.as_ptr().wrapping_add(next));
-        }
-        if self.ready.is_empty() {
-            self.ready_min = u64::MAX;
-        }
+            elem
+        };
         let (key, deadline, value) = self.keys.take(elem.key);
         Some(Expired {
             key,
@@ -723,9 +852,27 @@ impl<T> Wheel<T> {
 mod tests {
     use super::*;
 
-    /// Cancelling among timers that tie in the ready list keeps it sorted: no re-sort (an
-    /// O(n log n) pass and a rewrite of every position) at the next pop. A cancel whose filler
-    /// has another deadline does unsort it, and the pops still come out in order.
+    /// Checks the ready list's order (sorted descending, or a min-heap) and every position.
+    fn check_ready<T>(wheel: &Wheel<T>) {
+        let dl = |i: usize| wheel.keys.entries[wheel.ready[i].key as usize].deadline;
+        for (i, elem) in wheel.ready.iter().enumerate() {
+            assert_eq!(
+                wheel.keys.entries[elem.key as usize].pos as usize, i,
+                "position"
+            );
+            if wheel.ready_heap {
+                if i > 0 {
+                    assert!(dl((i - 1) / 2) <= dl(i), "heap order at {i}");
+                }
+            } else if i > 0 {
+                assert!(dl(i - 1) >= dl(i), "sorted order at {i}");
+            }
+        }
+    }
+
+    /// Cancelling among timers that tie in the ready list keeps it sorted (O(1) pops). A cancel
+    /// whose filler has another deadline switches it to the heap order, and the pops still
+    /// come out in order.
     #[test]
     fn cancelling_among_tied_ready_timers_keeps_the_order() {
         let mut wheel = Wheel::new();
@@ -733,14 +880,19 @@ mod tests {
         // Due already, so straight into the ready list, in descending order: 20, then 10s.
         let later = wheel.insert(20, -1);
         let tied: Vec<TimerKey> = (0..100).map(|i| wheel.insert(10, i)).collect();
-        assert!(wheel.ready_sorted);
+        assert!(!wheel.ready_heap);
         for &key in &tied[1..60] {
             assert!(wheel.cancel(key).is_some());
-            assert!(wheel.ready_sorted, "a tied cancel unsorted the ready list");
+            assert!(
+                !wheel.ready_heap,
+                "a tied cancel changed the ready list's order"
+            );
         }
-        // The filler from the end (due at 10) moves to the front, before a 10: unsorted.
+        check_ready(&wheel);
+        // The filler from the end (due at 10) would move to the front, before a 10.
         assert!(wheel.cancel(later).is_some());
-        assert!(!wheel.ready_sorted);
+        assert!(wheel.ready_heap);
+        check_ready(&wheel);
         let fired: Vec<i32> = std::iter::from_fn(|| wheel.poll(50).map(|e| e.value)).collect();
         let mut expected: Vec<i32> = std::iter::once(0).chain(60..100).collect();
         let mut sorted = fired.clone();
@@ -748,6 +900,47 @@ mod tests {
         expected.sort_unstable();
         assert_eq!(sorted, expected);
         assert!(wheel.is_empty());
+        assert!(
+            !wheel.ready_heap,
+            "an empty ready list is back in the sorted order"
+        );
+    }
+
+    /// Timers already due inserted out of order between single polls, over a large backlog
+    /// of due timers: the ready list switches to the heap order once, and each insert, cancel
+    /// and pop after that is O(log n). (A flag to re-sort on the next pop sorted the whole
+    /// backlog at every poll: 100 000 × 1 000 elements here.)
+    #[test]
+    fn interleaved_late_inserts_and_polls_over_a_backlog_do_not_resort_it() {
+        let mut wheel = Wheel::new();
+        assert!(wheel.poll(1 << 20).is_none());
+        let n = 100_000u64;
+        // Descending: the backlog stays sorted, as a level-0 slot's timers would be.
+        for d in (0..n).rev() {
+            wheel.insert(d, d);
+        }
+        assert!(!wheel.ready_heap);
+        let mut last = 0;
+        let mut cancel_next = None;
+        for i in 0..1_000u64 {
+            let key = wheel.insert(200_000 + i, 200_000 + i);
+            if let Some(k) = cancel_next.replace(key) {
+                assert!(wheel.cancel(k).is_some());
+            }
+            let e = wheel.poll(0).expect("a due timer");
+            assert!(e.deadline >= last, "popped out of order");
+            last = e.deadline;
+        }
+        check_ready(&wheel);
+        // One switch, at the first late insert, over the backlog as it was.
+        assert!(
+            wheel.heapified == n as usize,
+            "{} elements rewritten by switches to the heap order",
+            wheel.heapified
+        );
+        let rest: Vec<u64> = std::iter::from_fn(|| wheel.poll(0).map(|e| e.deadline)).collect();
+        assert!(rest.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(rest.len() as u64, n - 1_000 + 1);
     }
 
     #[test]
