@@ -10,7 +10,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
 
-use delaywheel::wheel::{TimerKey, Wheel};
+use delaywheel::wheel::{Layout, TimerKey, Wheel};
 use proptest::prelude::*;
 
 #[derive(Debug)]
@@ -92,6 +92,9 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
         // The wheel is dropped at the end with this drop (from 1; 0 for none) panicking.
         drop_bomb in 0u32..4,
+        // A small layout (3 levels of 4 slots: 64 ticks), so that the same deadlines also sit
+        // on every level and in the overflow tier, not only on the default's two lowest.
+        small in any::<bool>(),
     ) {
         quiet_planted_panics();
         let dropped = Rc::new(RefCell::new(Vec::new()));
@@ -101,7 +104,11 @@ proptest! {
         let mut live: BTreeMap<TimerKey, (u64, u64)> = BTreeMap::new();
         let mut keys = Vec::new();
         {
-            let mut wheel: Wheel<Tracked> = Wheel::new();
+            let mut wheel: Wheel<Tracked> = if small {
+                Wheel::with_layout(Layout::new(3, 4).expect("a valid layout"))
+            } else {
+                Wheel::new()
+            };
             for op in &ops {
                 let now = wheel.now();
                 match op {

@@ -98,7 +98,12 @@ pub fn run(data: &[u8]) {
             }
             3 => {
                 let pick = input.u64(2) as usize;
-                let deadline = now.saturating_add(input.span());
+                // The top bit resets into the past: into (or within) the ready list.
+                let deadline = if op & 0x80 != 0 {
+                    now.saturating_sub(input.span())
+                } else {
+                    now.saturating_add(input.span())
+                };
                 if let Some(&key) = issued.get(pick % issued.len().max(1)) {
                     let live = model.get_mut(&key).map(|v| v.0 = deadline).is_some();
                     assert_eq!(wheel.reset(key, deadline), live);
