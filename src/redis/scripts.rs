@@ -143,7 +143,7 @@ redis.call('DEL', KEYS[7])
 for i = 1, #kept, 1000 do
   redis.call('RPUSH', KEYS[7], unpack(kept, i, math.min(i + 999, #kept)))
 end
-redis.call('PEXPIRE', KEYS[7], last - now + lease)
+redis.call('PEXPIRE', KEYS[7], math.ceil(last - now + lease))
 return out
 ",
     ))
@@ -492,6 +492,28 @@ mod tests {
         assert_eq!(next.len(), 4);
         assert_eq!(next[1], "new");
         assert_ne!(next[0], first[0]);
+
+        // A score another client wrote with a fraction (due in the future, so that it sets
+        // the batch's expiry) still gives the batch an expiry in whole ms.
+        let soon: u64 = redis::cmd("TIME")
+            .query::<(u64, u64)>(&mut conn)
+            .map(|(s, _)| s * 1_000 + 500)
+            .unwrap();
+        redis::pipe()
+            .cmd("ZADD")
+            .arg(k.due())
+            .arg(format!("{soon}.5"))
+            .arg("frac")
+            .hset(k.tasks(), "frac", envelope("frac"))
+            .query::<()>(&mut conn)
+            .unwrap();
+        let frac = claim_with_nonce(&mut conn, &k, 60_000, 1_000, "z").unwrap();
+        assert_eq!(frac[1], "frac");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(k.batch("c"))
+            .query(&mut conn)
+            .unwrap();
+        assert!((60_000..=62_000).contains(&ttl), "batch kept for {ttl} ms");
     }
 
     /// An id with no envelope (or an empty one) is dead-lettered by the claim itself, never
