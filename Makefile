@@ -60,7 +60,16 @@ unit:
 smoke:
 	$(CARGO) test --all-features --benches
 	$(CARGO) run --all-features --example wheel_load -- --smoke --json
-	$(CARGO) run --all-features --example gateway -- --smoke --json
+	@# Through a file, not a pipe: a pipe would hide the example's own exit status.
+	$(CARGO) run --all-features --example gateway -- --smoke --json > target/gateway-smoke.txt; \
+		status=$$?; cat target/gateway-smoke.txt; exit $$status
+	@# The last line is the JSON report the issue asks for: every key present, nothing lost.
+	@tail -n 1 target/gateway-smoke.txt > target/gateway-smoke.json
+	@for k in scheduled cancelled fired lost lateness_p50_ms lateness_p99_ms lateness_max_ms \
+		bytes_per_timer idle_cpu_pct; do \
+		grep -q "\"$$k\":" target/gateway-smoke.json || { echo "gateway --json lacks \"$$k\""; exit 1; }; \
+	done
+	@grep -q '"lost":0[,}]' target/gateway-smoke.json || { echo "gateway --json reports lost timers"; exit 1; }
 	$(CARGO) run --all-features --example persist_report -- --smoke --json
 	$(CARGO) run --all-features --example order_timeout -- --smoke --json
 	$(CARGO) run --all-features --example vs_polling -- --smoke --json

@@ -245,13 +245,24 @@ fn lateness_delaywheel(
         let new = || Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
         // Against the deadline asked for, and against the tick it was rounded up to.
         let (mut asked, mut rounded) = (new(), new());
+        let mut seen = vec![false; n];
+        // Bounded: a lost timer must fail the run, not hang it (the last is due 1 s + span
+        // from now).
+        let patience = Duration::from_secs(1) + span + Duration::from_secs(10);
         for _ in 0..n {
-            let e = rx.recv().unwrap();
+            let e = rx
+                .recv_timeout(patience)
+                .unwrap_or_else(|_| panic!("a timer was lost: none delivered in {patience:?}"));
             let now = Instant::now();
-            let late = now.saturating_duration_since(e.value);
-            asked.saturating_record(late.as_micros().max(1) as u64);
-            let late = now.saturating_duration_since(e.deadline);
-            rounded.saturating_record(late.as_micros().max(1) as u64);
+            // Counted as failures, not clamped to 0: an early fire must not improve the figures.
+            assert!(now >= e.value && now >= e.deadline, "a timer fired early");
+            let i = ((e.value - start).as_nanos() / step.as_nanos().max(1)) as usize;
+            assert!(
+                !std::mem::replace(&mut seen[i.min(n - 1)], true),
+                "a timer fired twice"
+            );
+            asked.saturating_record(now.duration_since(e.value).as_micros().max(1) as u64);
+            rounded.saturating_record(now.duration_since(e.deadline).as_micros().max(1) as u64);
         }
         (asked, rounded)
     });

@@ -540,7 +540,13 @@ fn bench_flatness(c: &mut Criterion) {
     }
 }
 
-/// Median ns per operation of a finished benchmark, from criterion's saved estimates.
+/// When this process started: estimates saved before it are another run's.
+static STARTED: std::sync::LazyLock<std::time::SystemTime> =
+    std::sync::LazyLock::new(std::time::SystemTime::now);
+
+/// Median ns per operation of a benchmark this run finished, from criterion's saved estimates;
+/// `None` for one this run did not measure (a filtered run): its file is an older run's, in
+/// another machine state or of other code, and must not be divided by this run's figures.
 fn median_ns_per_op(group: &str, function: &str, ops: usize) -> Option<f64> {
     let dir: PathBuf = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -550,6 +556,9 @@ fn median_ns_per_op(group: &str, function: &str, ops: usize) -> Option<f64> {
         .join(function)
         .join("new")
         .join("estimates.json");
+    if std::fs::metadata(&dir).and_then(|m| m.modified()).ok()? < *STARTED {
+        return None;
+    }
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir).ok()?).ok()?;
     Some(json["median"]["point_estimate"].as_f64()? / ops as f64)
 }
@@ -661,6 +670,8 @@ fn report(plan: &Plan) {
 }
 
 fn main() {
+    // Read now: estimates saved before this moment are not this run's.
+    std::sync::LazyLock::force(&STARTED);
     let plan = Plan::new(workload_n());
     let mut c = Criterion::default().configure_from_args();
     bench_contender::<Wheel<u64>>(&mut c, &plan);
@@ -672,10 +683,9 @@ fn main() {
     bench_flatness(&mut c);
     c.final_summary();
     // Also in the smoke run, so that the report's code cannot rot; criterion writes no
-    // estimates then, so its table shows those of an earlier `cargo bench`, or n/a.
-    // Those estimates are of the full workload: per-operation figures divide by its counts.
+    // estimates then, and those of earlier runs are not used, so its table shows n/a.
     if smoke() {
-        println!("\n(smoke run: the tables below are from earlier benchmark runs, if any)");
+        println!("\n(smoke run: no estimates of this run, so the tables below are n/a)");
         report(&Plan::new(FULL_N));
     } else {
         report(&plan);

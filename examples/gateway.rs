@@ -43,8 +43,8 @@ struct Args {
     /// Producer threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Seconds of load.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds of load (1 to a day).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     duration: u64,
     /// Request timeout, in milliseconds.
     #[arg(long, default_value_t = 1_000)]
@@ -173,6 +173,9 @@ struct Report {
     reset: u64,
     fired: u64,
     duplicates: u64,
+    /// Delivered before their deadline: a request before the one it asked for, or any timer
+    /// before the (rounded) deadline the engine reports for it, resets included.
+    early: u64,
     handed_back: u64,
     lost: i64,
     throughput: f64,
@@ -202,14 +205,29 @@ fn main() {
     let fired = Arc::new(AtomicU64::new(0));
     let consumer = {
         let fired = fired.clone();
+        let timers = args.timers;
         std::thread::spawn(move || {
             let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("bounds");
-            let mut seen = std::collections::HashSet::new();
-            let mut duplicates = 0u64;
-            for Expiration { value, .. } in rx {
-                if let Event::Request { due, .. } = value {
-                    let late = Instant::now().saturating_duration_since(due);
-                    h.saturating_record(late.as_micros().max(1) as u64);
+            // Sized up front: a rehash of a large set on this thread would show up as
+            // lateness.
+            let mut seen = std::collections::HashSet::with_capacity(
+                usize::try_from(timers).unwrap_or(usize::MAX).min(1 << 24),
+            );
+            let (mut duplicates, mut early) = (0u64, 0u64);
+            for Expiration {
+                value, deadline, ..
+            } in rx
+            {
+                let now = Instant::now();
+                // Counted, not clamped to 0: an early fire must fail the run, not improve it.
+                let requested = match value {
+                    Event::Request { due, .. } => Some(due),
+                    Event::Idle { .. } => None,
+                };
+                if now < deadline || requested.is_some_and(|due| now < due) {
+                    early += 1;
+                } else if let Some(due) = requested {
+                    h.saturating_record(now.duration_since(due).as_micros().max(1) as u64);
                 }
                 if seen.insert(value.seq()) {
                     fired.fetch_add(1, Relaxed);
@@ -217,7 +235,7 @@ fn main() {
                     duplicates += 1;
                 }
             }
-            (h, duplicates)
+            (h, duplicates, early)
         })
     };
 
@@ -284,7 +302,7 @@ fn main() {
     // Everything was due before the idle window began: a timer still pending is one the
     // driver failed to fire, so it counts as lost.
     let handed_back = timer.shutdown().len() as u64;
-    let (histogram, duplicates) = consumer.join().expect("consumer");
+    let (histogram, duplicates, early) = consumer.join().expect("consumer");
     // Read once the consumer has seen everything the engine handed over.
     let stats = timer.stats();
     let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
@@ -297,6 +315,7 @@ fn main() {
         reset: counters.reset.load(Relaxed),
         fired,
         duplicates,
+        early,
         handed_back,
         lost: scheduled as i64 - (cancelled + fired) as i64,
         throughput: scheduled as f64 / load_time.as_secs_f64(),
@@ -307,13 +326,14 @@ fn main() {
     // Every timer the engine fired was received, or is counted as not handed over.
     let agree = stats.fired == fired + duplicates + stats.undelivered;
     print_report(&report, args.json);
-    if report.lost != 0 || report.duplicates != 0 || !agree {
+    if report.lost != 0 || report.duplicates != 0 || report.early != 0 || !agree {
         eprintln!(
-            "FAILED: {} timers lost ({} handed back at shutdown, past their deadlines), {} delivered twice; \
-             the engine fired {} ({} not handed over), the consumer received {}",
+            "FAILED: {} timers lost ({} handed back at shutdown, past their deadlines), {} delivered twice, \
+             {} early; the engine fired {} ({} not handed over), the consumer received {}",
             report.lost,
             report.handed_back,
             report.duplicates,
+            report.early,
             stats.fired,
             stats.undelivered,
             fired + duplicates
@@ -330,6 +350,7 @@ fn print_report(r: &Report, json: bool) {
     println!("| reset | {} |", r.reset);
     println!("| fired | {} |", r.fired);
     println!("| delivered twice | {} |", r.duplicates);
+    println!("| delivered early | {} |", r.early);
     println!(
         "| handed back at shutdown (past their deadlines: lost) | {} |",
         r.handed_back
@@ -352,6 +373,7 @@ fn print_report(r: &Report, json: bool) {
             "reset": r.reset,
             "fired": r.fired,
             "duplicates": r.duplicates,
+            "early": r.early,
             "handed_back": r.handed_back,
             "lost": r.lost,
             "throughput_per_s": r.throughput,

@@ -23,17 +23,38 @@ use clap::Parser;
 use delaywheel::redis::{Backoff, Consumer, Handlers, Producer, QueueConfig, RetryPolicy, When};
 use parking_lot::Mutex;
 
+/// A finite number of seconds, 0 or more, that a `Duration` can hold.
+fn non_negative(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && (0.0..=1e12).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must be a number of seconds from 0 to 1e12".into())
+    }
+}
+
+/// A finite scale of at least 1e-3 (a smaller one would stretch 30 minutes past what a
+/// `Duration` of seconds in an f64 keeps exact).
+fn positive_scale(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 1e-3 {
+        Ok(v)
+    } else {
+        Err("must be a finite number, at least 0.001".into())
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Close unpaid orders after a timeout, through delaywheel's Redis queue")]
 struct Args {
     /// Orders to place.
     #[arg(long, default_value_t = 2_000)]
     orders: usize,
-    /// The order timeout in seconds (design note 000: 30 minutes).
-    #[arg(long, default_value_t = 1_800.0)]
+    /// The order timeout in seconds (design note 000: 30 minutes; 0 or more).
+    #[arg(long, default_value_t = 1_800.0, value_parser = non_negative)]
     timeout_secs: f64,
-    /// Divide every duration by this (1 = real time).
-    #[arg(long, default_value_t = 1_000.0)]
+    /// Divide every duration by this (1 = real time; at least 1e-3).
+    #[arg(long, default_value_t = 1_000.0, value_parser = positive_scale)]
     scale: f64,
     /// Share of orders paid before their timeout.
     #[arg(long, default_value_t = 0.6)]

@@ -22,14 +22,24 @@ use delaywheel::wheel::{TimerKey, Wheel};
 mod procfs;
 use procfs::rss_bytes;
 
+/// A count of at least 1 (a run of none has no figures per timer).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Load timers into a delaywheel Wheel and report rates and memory")]
 struct Args {
     /// Numbers of timers to load, one run each.
-    #[arg(long, value_delimiter = ',', default_values_t = [1_000_000usize, 10_000_000])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000_000usize, 10_000_000],
+          value_parser = at_least_one)]
     timers: Vec<usize>,
-    /// Deadlines are uniform in [1, horizon] ticks.
-    #[arg(long, default_value_t = 60_000)]
+    /// Deadlines are uniform in [1, horizon] ticks (at least 1).
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
     horizon: u64,
     /// A quick run (20k timers, 5k-tick horizon) for tests.
     #[arg(long)]
