@@ -627,6 +627,7 @@ impl<T> Wheel<T> {
     /// Removes ready timer `index` (due at `deadline`) if the ready list is, or must become, a
     /// heap; `false` (nothing done) if a swap-remove keeps it sorted. Out of line: the
     /// slot lists' cancels and the sorted pops stay lean.
+    #[cold]
     #[inline(never)]
     fn unlink_ready_out_of_order(&mut self, index: u32, deadline: u64) -> bool {
         // The element moved over it is the last, the earliest of a sorted list: in its place
@@ -650,6 +651,7 @@ impl<T> Wheel<T> {
     }
 
     /// Adds a ready element in the heap order (switching to it first if need be).
+    #[cold]
     #[inline(never)]
     fn heap_push(&mut self, elem: Elem) {
         self.ready_to_heap();
@@ -659,6 +661,7 @@ impl<T> Wheel<T> {
     }
 
     /// Pops the earliest element of a heap-ordered ready list.
+    #[cold]
     #[inline(never)]
     fn heap_pop(&mut self) -> Option<Elem> {
         self.heap_remove(0)
