@@ -602,6 +602,39 @@ fn poison_tasks_are_dead_lettered_with_reasons_and_the_consumer_goes_on() {
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A backlog larger than `max_held` drains at the pace its tasks fire, not one `max_held` per
+/// reconcile interval: a full claim that leaves no room looks again as soon as the held
+/// tasks have fired. (It waited a reconcile, about 1 s per 10 tasks here: 10 s for 100.)
+#[test]
+fn a_backlog_beyond_max_held_drains_without_waiting_for_reconciles() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("backlog", |cfg| {
+        cfg.max_held = 10;
+        cfg.batch = 10;
+    });
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();
+    let due = now_ms() + 300;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..100).map(|i| (format!("b{i}"), due)).collect(),
+    );
+    wait_until("the backlog to fire", || fired.lock().len() == 100);
+    let last_ms = fired.lock().values().map(|d| d[0].1 / 1_000).max().unwrap();
+    assert!(
+        last_ms < due + 5_000,
+        "the last of 100 tasks fired {} ms after its due time",
+        last_ms - due
+    );
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 /// A handler error whose `Display` panics is still settled: the task is dead-lettered (one
 /// attempt allowed) with a reason that says so. (The error was formatted outside the guard
 /// around the handler: the panic ended the call before the outcome was sent, and the task

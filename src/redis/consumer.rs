@@ -730,6 +730,7 @@ async fn claim_loop(
             return;
         }
         let mut full = false;
+        let mut no_room = false;
         let mut failed = false;
         match claim(&shared, &timer, shard, nonce).await {
             Ok(Some(Took { n, asked })) => {
@@ -738,7 +739,7 @@ async fn claim_loop(
                 nonce = fastrand::u64(..);
             }
             // No room: nothing was sent, and a nonce kept after a failure stays for the retry.
-            Ok(None) => {}
+            Ok(None) => no_room = true,
             Err(e) => {
                 if failures == 0 && shared.failing.fetch_add(1, SeqCst) == 0 {
                     tracing::warn!(shard, error = %e, "claim failed; retrying with backoff");
@@ -762,6 +763,11 @@ async fn claim_loop(
                 .max(CLAIM_RETRY_FLOOR)
         } else if full && shared.held.lock().len() < cfg.max_held {
             Duration::ZERO
+        } else if full || no_room {
+            // More may be due, and `held` is at `max_held` (or its room is reserved by other
+            // shards' claims): look again soon, as its tasks fire and make room, rather than a
+            // reconcile later. No Redis call until there is room.
+            ROOM_RECHECK.min(cfg.reconcile)
         } else {
             // 80–100% of it, so that the loops of many shards, started together, do not claim
             // in step; never more, or a task could fall between two claims' windows (the
@@ -775,6 +781,10 @@ async fn claim_loop(
         }
     }
 }
+
+/// How soon a claim loop that found no room under `max_held` (after a full claim, or with
+/// none sent) looks again.
+const ROOM_RECHECK: Duration = Duration::from_millis(10);
 
 /// The shortest wait before a claim that failed is tried again.
 const CLAIM_RETRY_FLOOR: Duration = Duration::from_millis(10);
