@@ -692,7 +692,8 @@ fn fire(shared: &Shared, c: Claimed) {
 }
 
 /// Claims from the `i`-th assigned shard: at start, every `reconcile`, when notified of a task
-/// due before the next claim, and again at once while claims come back full. Each shard has
+/// due before the next claim, and again at once while claims come back full (within
+/// [`ROOM_RECHECK`] when `max_held` leaves no room for the next). Each shard has
 /// its own loop, its own backoff and its own wake-ups.
 async fn claim_loop(
     shared: Arc<Shared>,
