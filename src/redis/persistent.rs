@@ -1242,17 +1242,24 @@ mod tests {
         }
     }
 
+    /// An engine whose flusher writes only when asked (`flush`), holding task "a" with a 1 KB
+    /// payload, due at the returned time, not yet flushed.
+    fn with_a_large_task() -> (Persistent<Accept>, Receiver<Envelope>, u64) {
+        let mut cfg = PersistConfig::new("unused://", "unused");
+        cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+        let (p, fired) = Persistent::with_store(cfg, Accept).unwrap();
+        let far = now_ms() + 3_600_000;
+        p.schedule("a", "t", serde_json::json!("x".repeat(1_000)), far)
+            .unwrap();
+        (p, fired, far)
+    }
+
     /// A cancelled (or acknowledged) persisted task leaves a removal in the journal until the
     /// next flush, which can be long while Redis is down: the removal holds its id, not its
     /// envelope.
     #[test]
     fn a_journaled_removal_keeps_no_reference_to_the_envelope() {
-        let mut cfg = PersistConfig::new("unused://", "unused");
-        cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
-        let (p, _fired) = Persistent::with_store(cfg, Accept).unwrap();
-        let far = now_ms() + 3_600_000;
-        p.schedule("a", "t", serde_json::json!("x".repeat(1_000)), far)
-            .unwrap();
+        let (p, _fired, _) = with_a_large_task();
         assert!(p.flush(Duration::from_secs(10)));
         let envelope = {
             let state = p.inner.state.lock();
@@ -1298,12 +1305,7 @@ mod tests {
     /// it up to `journal_bound` payloads no one could read any more.)
     #[test]
     fn a_task_replaced_before_its_flush_keeps_no_reference_to_its_old_envelope() {
-        let mut cfg = PersistConfig::new("unused://", "unused");
-        cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
-        let (p, _fired) = Persistent::with_store(cfg, Accept).unwrap();
-        let far = now_ms() + 3_600_000;
-        p.schedule("a", "t", serde_json::json!("x".repeat(1_000)), far)
-            .unwrap();
+        let (p, _fired, far) = with_a_large_task();
         let old = p
             .inner
             .state
