@@ -179,9 +179,12 @@ struct Report {
     handed_back: u64,
     lost: i64,
     throughput: f64,
-    lateness: (f64, f64, f64),
-    bytes_per_timer: f64,
-    idle_cpu_pct: f64,
+    /// `None` when no request timer fired (nothing to measure: not a perfect 0).
+    lateness: Option<(f64, f64, f64)>,
+    /// `None` with no idle timers, or where the resident size cannot be read (not Linux).
+    bytes_per_timer: Option<f64>,
+    /// `None` where the process's CPU time cannot be read (not Linux).
+    idle_cpu_pct: Option<f64>,
 }
 
 fn main() {
@@ -288,8 +291,9 @@ fn main() {
             .schedule(i, Duration::from_secs(3600 + i % 600))
             .expect("engine running");
     }
-    let bytes_per_timer =
-        rss_bytes().saturating_sub(rss_before) as f64 / args.idle_timers.max(1) as f64;
+    let rss_after = rss_bytes();
+    let bytes_per_timer = (args.idle_timers > 0 && rss_after > 0)
+        .then(|| rss_after.saturating_sub(rss_before) as f64 / args.idle_timers as f64);
     std::thread::sleep(Duration::from_millis(200));
     let cpu_before = process_cpu();
     // At least a moment: a zero window would make the share 0/0.
@@ -319,9 +323,10 @@ fn main() {
         handed_back,
         lost: scheduled as i64 - (cancelled + fired) as i64,
         throughput: scheduled as f64 / load_time.as_secs_f64(),
-        lateness: (ms(0.5), ms(0.99), histogram.max() as f64 / 1000.0),
+        lateness: (!histogram.is_empty())
+            .then(|| (ms(0.5), ms(0.99), histogram.max() as f64 / 1000.0)),
         bytes_per_timer,
-        idle_cpu_pct,
+        idle_cpu_pct: cfg!(target_os = "linux").then_some(idle_cpu_pct),
     };
     // Every timer the engine fired was received, or is counted as not handed over.
     let agree = stats.fired == fired + duplicates + stats.undelivered;
@@ -358,14 +363,22 @@ fn print_report(r: &Report, json: bool) {
     println!("| lost | {} |", r.lost);
     println!("| throughput (schedules/s) | {:.0} |", r.throughput);
     println!(
-        "| request timeout lateness p50 / p99 / max (ms) | {:.3} / {:.3} / {:.3} |",
-        r.lateness.0, r.lateness.1, r.lateness.2
+        "| request timeout lateness p50 / p99 / max (ms) | {} |",
+        r.lateness
+            .map_or("n/a (none fired)".to_string(), |(p50, p99, max)| format!(
+                "{p50:.3} / {p99:.3} / {max:.3}"
+            ))
     );
     println!(
-        "| resident bytes per pending timer | {:.1} |",
+        "| resident bytes per pending timer | {} |",
         r.bytes_per_timer
+            .map_or("n/a".to_string(), |b| format!("{b:.1}"))
     );
-    println!("| CPU while idle (% of one core) | {:.4} |", r.idle_cpu_pct);
+    println!(
+        "| CPU while idle (% of one core) | {} |",
+        r.idle_cpu_pct
+            .map_or("n/a".to_string(), |c| format!("{c:.4}"))
+    );
     if json {
         let v = serde_json::json!({
             "scheduled": r.scheduled,
@@ -377,9 +390,9 @@ fn print_report(r: &Report, json: bool) {
             "handed_back": r.handed_back,
             "lost": r.lost,
             "throughput_per_s": r.throughput,
-            "lateness_p50_ms": r.lateness.0,
-            "lateness_p99_ms": r.lateness.1,
-            "lateness_max_ms": r.lateness.2,
+            "lateness_p50_ms": r.lateness.map(|l| l.0),
+            "lateness_p99_ms": r.lateness.map(|l| l.1),
+            "lateness_max_ms": r.lateness.map(|l| l.2),
             "bytes_per_timer": r.bytes_per_timer,
             "idle_cpu_pct": r.idle_cpu_pct,
         });
