@@ -106,7 +106,11 @@ impl<T: Send + 'static> Sink<T> {
                 std::thread::Builder::new()
                     .name(format!("delaywheel-cb-{i}"))
                     .spawn(move || {
+                        // Declared in this order so that they drop in the other: the callback
+                        // (and whatever it holds) is gone before the worker counts itself out,
+                        // as it is before a `join` returns.
                         let _exit = exit;
+                        let f = f;
                         for exp in rx {
                             let id = exp.id;
                             // A panicking callback must not take the worker (and every later

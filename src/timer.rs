@@ -18,14 +18,13 @@
 //!   unparked since). Only the producer that turns the flag on unparks as a rule; one that
 //!   finds it `WOKEN` does nothing (the driver has a wake-up to consume, and a turn after it,
 //!   see `wake_driver`), and one that finds it `WAKING` unparks too, so that a setter
-//!   descheduled before its unpark delays no timer.
+//!   descheduled before its unpark delays no timer. A count of wake-ups above the state bits
+//!   keeps a setter's late `WAKING → WOKEN` off a later setter's `WAKING`.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst,
-};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread, ThreadId};
 use std::time::{Duration, Instant};
@@ -80,12 +79,17 @@ pub struct Pending<T> {
     pub value: T,
 }
 
-/// `Core::woken`: no wake-up pending.
-const IDLE: u8 = 0;
-/// `Core::woken`: a wake-up pending, whose setter has not unparked the driver yet.
-const WAKING: u8 = 1;
-/// `Core::woken`: a wake-up pending, and the driver unparked since it was set.
-const WOKEN: u8 = 2;
+/// `Core::woken`'s state, in its low two bits: no wake-up pending.
+const IDLE: u64 = 0;
+/// A wake-up pending, whose setter has not unparked the driver yet.
+const WAKING: u64 = 1;
+/// A wake-up pending, and the driver unparked since it was set.
+const WOKEN: u64 = 2;
+/// The state bits of `Core::woken`; the bits above count the wake-ups set, so that a setter's
+/// late `WAKING → WOKEN` cannot land on another setter's `WAKING` (ABA).
+const WAKE_STATE: u64 = 3;
+/// One wake-up in the count above the state bits.
+const WAKE_ONE: u64 = 4;
 
 pub(crate) struct Core<T> {
     /// Distinguishes this engine's ids from another engine's.
@@ -101,7 +105,7 @@ pub(crate) struct Core<T> {
     /// it), cleared (`IDLE`) by the driver; see the ground rules. On a cache line of its own:
     /// producers write it (while the wheel is empty, on every schedule), and it shared a line
     /// with `stopping`, which every schedule reads.
-    woken: CachePadded<AtomicU8>,
+    woken: CachePadded<AtomicU64>,
     driver: OnceLock<Thread>,
     stopping: AtomicBool,
     stopped: AtomicBool,
@@ -234,18 +238,22 @@ impl<T> Core<T> {
                 driver.unpark();
             }
         };
-        match self.woken.load(SeqCst) {
+        let seen = self.woken.load(SeqCst);
+        match seen & WAKE_STATE {
             WOKEN => return,
             WAKING => return unpark(),
             _ => {}
         }
-        match self.woken.compare_exchange(IDLE, WAKING, SeqCst, SeqCst) {
+        let waking = (seen & !WAKE_STATE).wrapping_add(WAKE_ONE) | WAKING;
+        match self.woken.compare_exchange(seen, waking, SeqCst, SeqCst) {
             Ok(_) => {
                 unpark();
-                // Unless the driver has cleared it meanwhile (it then had its wake-up).
-                let _ = self.woken.compare_exchange(WAKING, WOKEN, SeqCst, SeqCst);
+                // Unless the driver has cleared it meanwhile (it then had its wake-up); the
+                // count makes this fail, too, on a later setter's `WAKING`.
+                let woken = (waking & !WAKE_STATE) | WOKEN;
+                let _ = self.woken.compare_exchange(waking, woken, SeqCst, SeqCst);
             }
-            Err(WAKING) => unpark(),
+            Err(now) if now & WAKE_STATE == WAKING => unpark(),
             Err(_) => {}
         }
     }
@@ -385,7 +393,7 @@ fn drive<T>(core: Arc<Core<T>>) {
         // A producer that inserted after the scan set `woken`. Its unpark may have been
         // swallowed by a delivery that blocked (crossbeam parks this thread too): the flag is
         // what counts. One that inserts after this check still unparks a park to come.
-        if core.woken.swap(IDLE, SeqCst) != IDLE {
+        if core.woken.fetch_and(!WAKE_STATE, SeqCst) & WAKE_STATE != IDLE {
             continue;
         }
         match next {
@@ -859,7 +867,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
             ticks: Ticks::new(origin, self.tick),
             clock: self.clock.clone(),
             next_wake: AtomicU64::new(u64::MAX),
-            woken: CachePadded::new(AtomicU8::new(IDLE)),
+            woken: CachePadded::new(AtomicU64::new(IDLE)),
             driver: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stopped: AtomicBool::new(false),

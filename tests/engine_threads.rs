@@ -392,11 +392,14 @@ fn a_second_shutdown_waits_for_the_callbacks_too() {
 fn a_shutdown_after_a_callback_stopped_the_engine_waits_for_that_callback() {
     let me: Arc<std::sync::OnceLock<Timer<u32>>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
+    // Held by the callback only: gone once the callback is.
+    let held_by_callback = Arc::new(());
     let (stopped_tx, stopped) = crossbeam_channel::bounded::<()>(1);
     let timer = {
-        let (me, done) = (me.clone(), done.clone());
+        let (me, done, held) = (me.clone(), done.clone(), held_by_callback.clone());
         Timer::builder()
             .build_callback(1, 4, move |e: Expiration<u32>| {
+                let _held = &held;
                 if e.value != 0 {
                     return;
                 }
@@ -419,6 +422,12 @@ fn a_shutdown_after_a_callback_stopped_the_engine_waits_for_that_callback() {
     assert!(
         done.load(Ordering::SeqCst),
         "shutdown returned while the callback still ran"
+    );
+    // As after a `join`: the callback (and what it holds) is dropped before `shutdown` returns.
+    assert_eq!(
+        Arc::strong_count(&held_by_callback),
+        1,
+        "shutdown returned before the callback was dropped"
     );
 }
 

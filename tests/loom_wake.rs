@@ -14,17 +14,19 @@
 //! before its unpark: the early timer of a producer that has returned then waits for the
 //! stalled one. That is what the flag's `WAKING` state is for.
 
-use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::SeqCst};
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use loom::sync::{Arc, Mutex, Notify};
 use loom::thread;
 
 const LATE: u64 = 100;
 const EARLY: u64 = 5;
 
-/// `woken`'s states, as in `src/timer.rs`.
-const IDLE: u8 = 0;
-const WAKING: u8 = 1;
-const WOKEN: u8 = 2;
+/// `woken`'s states and the count of wake-ups above them, as in `src/timer.rs`.
+const IDLE: u64 = 0;
+const WAKING: u64 = 1;
+const WOKEN: u64 = 2;
+const WAKE_STATE: u64 = 3;
+const WAKE_ONE: u64 = 4;
 
 /// How the modelled producers wake the driver.
 #[derive(Clone, Copy, PartialEq)]
@@ -85,7 +87,7 @@ fn model_with(
         let shard = Arc::new(Mutex::new(vec![LATE]));
         // What the previous turn published: a timer due at 3 that has since been cancelled.
         let next_wake = Arc::new(AtomicU64::new(3));
-        let woken = Arc::new(AtomicU8::new(IDLE));
+        let woken = Arc::new(AtomicU64::new(IDLE));
         let room = Arc::new(AtomicBool::new(false));
         // Announced by the driver once it has seen the earliest timer.
         let seen = Arc::new(Notify::new());
@@ -117,7 +119,7 @@ fn model_with(
                             thread::park();
                         }
                     }
-                    let was_woken = woken.swap(IDLE, SeqCst) != IDLE;
+                    let was_woken = woken.fetch_and(!WAKE_STATE, SeqCst) & WAKE_STATE != IDLE;
                     if was_woken && driver_kind != Driver::IgnoresWoken {
                         continue;
                     }
@@ -147,7 +149,8 @@ fn model_with(
                     // unparks too (not under the old rule); the one that turns it on unparks,
                     // then marks it `WOKEN` unless the driver has cleared it meanwhile.
                     let helps = producer_kind == Producers::Engine;
-                    match woken.load(SeqCst) {
+                    let flag = woken.load(SeqCst);
+                    match flag & WAKE_STATE {
                         WOKEN => return,
                         WAKING => {
                             if helps {
@@ -157,7 +160,8 @@ fn model_with(
                         }
                         _ => {}
                     }
-                    match woken.compare_exchange(IDLE, WAKING, SeqCst, SeqCst) {
+                    let waking = (flag & !WAKE_STATE).wrapping_add(WAKE_ONE) | WAKING;
+                    match woken.compare_exchange(flag, waking, SeqCst, SeqCst) {
                         Ok(_) => {
                             if stalls {
                                 // Blocked, not spinning: if nothing else wakes the driver, loom
@@ -165,9 +169,10 @@ fn model_with(
                                 seen.wait();
                             }
                             driver.unpark();
-                            let _ = woken.compare_exchange(WAKING, WOKEN, SeqCst, SeqCst);
+                            let woken_now = (waking & !WAKE_STATE) | WOKEN;
+                            let _ = woken.compare_exchange(waking, woken_now, SeqCst, SeqCst);
                         }
-                        Err(WAKING) if helps => driver.unpark(),
+                        Err(now) if helps && now & WAKE_STATE == WAKING => driver.unpark(),
                         Err(_) => {}
                     }
                 })

@@ -748,6 +748,14 @@ async fn claim_loop(
                 failed = true;
             }
         }
+        if no_room {
+            // Neither a success nor a failure: the backoff of a claim that failed before stays
+            // (a Redis that hangs must not be asked again every few ms because other shards'
+            // hung claims hold the room), and so does its warning state. Look again soon, as
+            // held tasks fire and make room, but not before that backoff ends.
+            next = (tokio::time::Instant::now() + ROOM_RECHECK.min(cfg.reconcile)).max(not_before);
+            continue;
+        }
         if !failed && failures > 0 {
             shared.failing.fetch_sub(1, SeqCst);
         }
@@ -764,7 +772,7 @@ async fn claim_loop(
                 .max(CLAIM_RETRY_FLOOR)
         } else if full && shared.held.lock().len() < cfg.max_held {
             Duration::ZERO
-        } else if full || no_room {
+        } else if full {
             // More may be due, and `held` is at `max_held` (or its room is reserved by other
             // shards' claims): look again soon, as its tasks fire and make room, rather than a
             // reconcile later. No Redis call until there is room.
