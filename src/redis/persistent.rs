@@ -616,10 +616,8 @@ impl<S: TaskStore> Persistent<S> {
         // Redis may hold a version of this id: the one this replaces, or an earlier one
         // whose removal is still in the journal. One lookup records the upsert and reads
         // what it replaces.
-        let stored = matches!(
-            journal.record(id.clone(), Change::Upsert(envelope.due_at)),
-            Some(Change::Remove(_))
-        );
+        let replaced = journal.record(id.clone(), Change::Upsert(envelope.due_at));
+        let stored = matches!(replaced, Some(Change::Remove(_)));
         let entry = Entry {
             envelope,
             timer: Some(timer),
@@ -638,9 +636,12 @@ impl<S: TaskStore> Persistent<S> {
                     self.timer.cancel(t);
                 }
                 entry.persisted |= old.persisted;
-                // The journal kept the key of its first change to the id: an older version.
-                journal.rekey(TaskKey::of(&entry.envelope));
-                index.insert(TaskKey::of(&entry.envelope), entry);
+                let key = TaskKey::of(&entry.envelope);
+                if replaced.is_some() {
+                    // The journal kept the key of its first change to the id: an older version.
+                    journal.rekey(key.clone());
+                }
+                index.insert(key, entry);
             }
         }
         if let Some(envelope) = kept {

@@ -43,8 +43,8 @@
 //!
 //! Timers due at or before the wheel's time sit in a ready list, sorted (what a level-0 slot
 //! becomes) or, once an insert or cancel of a timer already due breaks that order, a binary
-//! heap until it empties: O(log n) per operation there, never a re-sort. Timers beyond the last level's
-//! range sit in an overflow tier that is re-examined only when the wheel reaches the epoch of the
+//! heap until it empties: O(log n) per operation there, never a re-sort. Timers beyond the
+//! last level's range sit in an overflow tier that is re-examined only when the wheel reaches the epoch of the
 //! earliest of them (or of a cancelled one that was the earliest: the tier's minimum is a lower
 //! bound, made exact by each rescan), so a deadline years away (up to `u64::MAX`) costs nothing
 //! until then and still fires exactly on time.
@@ -633,15 +633,16 @@ impl<T> Wheel<T> {
         // The element moved over it is the last, the earliest of a sorted list: in its place
         // the order holds only if the two tie (then everything from there on ties). Timers due
         // in one tick tie, and cancelling among them keeps the O(1) pops.
-        let pos = self.keys.entries[index as usize].pos as usize;
-        let breaks_order = !self.ready_heap
-            && pos + 1 < self.ready.len()
-            && self
-                .ready
-                .last()
-                .is_some_and(|last| self.keys.entries[last.key as usize].deadline != deadline);
-        if !(self.ready_heap || breaks_order) {
-            return false;
+        if !self.ready_heap {
+            let pos = self.keys.entries[index as usize].pos as usize;
+            let breaks_order = pos + 1 < self.ready.len()
+                && self
+                    .ready
+                    .last()
+                    .is_some_and(|last| self.keys.entries[last.key as usize].deadline != deadline);
+            if !breaks_order {
+                return false;
+            }
         }
         self.ready_to_heap();
         let pos = self.keys.entries[index as usize].pos as usize;
@@ -658,13 +659,6 @@ impl<T> Wheel<T> {
         self.keys.entries[elem.key as usize].pos = self.ready.len() as u32;
         self.ready.push(elem);
         self.sift_up(self.ready.len() - 1);
-    }
-
-    /// Pops the earliest element of a heap-ordered ready list.
-    #[cold]
-    #[inline(never)]
-    fn heap_pop(&mut self) -> Option<Elem> {
-        self.heap_remove(0)
     }
 
     /// Switches the ready list to the heap order, if it is not in it: a list sorted by
@@ -735,7 +729,10 @@ impl<T> Wheel<T> {
     }
 
     /// Removes the heap element at `pos` (its record is left as it is); leaves the sorted
-    /// order when the list empties.
+    /// order when the list empties. Out of line, as the other heap paths: the sorted pops stay
+    /// lean.
+    #[cold]
+    #[inline(never)]
     fn heap_remove(&mut self, pos: usize) -> Option<Elem> {
         let last = self.ready.len().checked_sub(1)?;
         debug_assert!(pos <= last, "heap position out of range");
@@ -833,7 +830,7 @@ impl<T> Wheel<T> {
     #[inline]
     fn pop_ready(&mut self) -> Option<Expired<T>> {
         let elem = if self.ready_heap {
-            self.heap_pop()?
+            self.heap_remove(0)?
         } else {
             let elem = self.ready.pop()?;
             if let Some(ahead) = self.ready.len().checked_sub(PREFETCH_AHEAD) {
