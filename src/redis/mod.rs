@@ -82,7 +82,7 @@ mod wall_clock;
 
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dedup::{Begin, Claim, Dedup, DedupError};
-pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS};
+pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS, MAX_PAYLOAD_DEPTH};
 pub use layout::{KeyLayout, NamespaceError, NamespaceInUse};
 pub use persistent::{
     now_ms, Durability, Overdue, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
