@@ -253,7 +253,7 @@ return n
 
 /// KEYS: lease, owner, due, tasks, dead, expired. ARGV: batch, channel, max expiries (0: no
 /// limit), wake-up suffix (`:shard`, or empty). Returns tasks whose lease expired by Redis's clock (their consumer died or stalled)
-/// to the queue, due now, and wakes the consumers; counts each task's expiries, and moves a
+/// to the queue at their due time (Redis's now, if that is earlier or unknown), and wakes the consumers; counts each task's expiries, and moves a
 /// task whose lease has now expired `max` times to the dead-letter HASH instead (a task that
 /// takes its consumer down each time is not delivered forever), with a record as the
 /// consumer writes one. Returns `{requeued, dead-lettered}`.
@@ -290,7 +290,16 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[6], id)
     dead = dead + 1
   else
-    redis.call('ZADD', KEYS[3], now, id)
+    -- Back at its own due time (the producers' clock, as every score in the queue), read from
+    -- the end of the envelope, where `due_at` is the last field: at Redis's `now` it would wait
+    -- for as long as Redis's clock runs ahead of the consumers'. The lease ran from that due
+    -- time at the earliest, so it has passed by Redis's clock; the earlier of the two, to be
+    -- sure. An envelope written otherwise (by hand) goes back at `now`.
+    local back = now
+    local due = tonumber(string.match(string.sub(redis.call('HGET', KEYS[4], id) or '', -40),
+      '\34due_at\34:(%d+)}}$'))
+    if due and due < back then back = due end
+    redis.call('ZADD', KEYS[3], back, id)
     redis.call('ZREM', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)
     redis.call('HSET', KEYS[6], id, n)
@@ -710,6 +719,49 @@ mod tests {
     fn redis_now(conn: &mut redis::Connection) -> i64 {
         let (s, us): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
         s * 1_000 + us / 1_000
+    }
+
+    /// A reaped task goes back at its own due time, as its envelope ends with it, not at
+    /// Redis's now: every score in the queue is on the producers' clock, and a consumer fires
+    /// a task at its score, so Redis's clock running ahead of the consumers' would delay it by
+    /// the difference. A due time past Redis's now, or none readable, puts it back at now.
+    #[test]
+    fn a_reaped_task_goes_back_at_its_own_due_time() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("reap_due").unwrap();
+        let now = redis_now(&mut conn);
+        let envelope = |id: &str, due: i64| {
+            // A payload that names a due time of its own, to be ignored.
+            format!(
+                r#"{{"id":"{id}","topic":"t","payload":{{"due_at":7}},"attempt":0,"created_at":0,"due_at":{due}}}"#
+            )
+        };
+        let past = now - 3_600_000;
+        let future = now + 3_600_000;
+        redis::pipe()
+            .zadd(k.due(), "past", past)
+            .hset(k.tasks(), "past", envelope("past", past))
+            .zadd(k.due(), "ahead", past)
+            .hset(k.tasks(), "ahead", envelope("ahead", future))
+            .zadd(k.due(), "foreign", past)
+            .hset(k.tasks(), "foreign", r#"{"due_at":5,"id":"foreign"}"#)
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(claim(&mut conn, &k, 0).len(), 3);
+        assert_eq!(reap(&mut conn, &k, 0), (3, 0));
+        let after = redis_now(&mut conn);
+        let score = |conn: &mut redis::Connection, id: &str| -> i64 {
+            redis::cmd("ZSCORE")
+                .arg(k.due())
+                .arg(id)
+                .query::<f64>(conn)
+                .unwrap() as i64
+        };
+        assert_eq!(score(&mut conn, "past"), past, "not back at its due time");
+        for id in ["ahead", "foreign"] {
+            let s = score(&mut conn, id);
+            assert!((now..=after).contains(&s), "{id} back at {s}, not now");
+        }
     }
 
     /// Leases are set and expired on Redis's clock: the scripts take no time from the caller,
