@@ -50,11 +50,21 @@ impl<T> Stream for ExpirationStream<T> {
     }
 }
 
+impl<T> Drop for ExpirationStream<T> {
+    fn drop(&mut self) {
+        // Sends fail once the receiver is gone, so nothing would wake the registered waker
+        // again: it would only keep its task (or whatever it owns) alive until shutdown.
+        drop(self.waker.take());
+    }
+}
+
 impl<T: Send + 'static> TimerBuilder<T> {
     /// Builds an engine whose expirations are read as an async [`ExpirationStream`], through a
     /// queue of `bound` expirations (backpressure as for a bounded channel: the driver waits,
     /// nothing is dropped). Only with the `tokio` feature. A `bound` outside `1..=2^24` fails
-    /// with [`BuildError::Capacity`].
+    /// with [`BuildError::Capacity`]. Once the stream is dropped, expirations are kept and
+    /// returned by [`Timer::shutdown`], as for a dropped channel receiver; those still in the
+    /// stream's queue when it was dropped go with it.
     pub fn build_stream(self, bound: usize) -> Result<(Timer<T>, ExpirationStream<T>), BuildError> {
         let (tx, rx) = crossbeam_channel::bounded(crate::error::capacity(bound)?);
         let waker = Arc::new(AtomicWaker::new());

@@ -617,7 +617,10 @@ impl<T> Timer<T> {
     }
 
     /// Cancels a pending timer and returns its value; `None` if it already fired, was
-    /// cancelled, or the id is not from this engine.
+    /// cancelled, or the id is not from this engine. A timer has fired once the driver has
+    /// collected it for delivery, which may be before its consumer sees it (a full bounded
+    /// queue holds the driver's whole batch back): `None` means it will be delivered, not
+    /// that it has been.
     pub fn cancel(&self, id: TimerId) -> Option<T> {
         let shard = self.core.shard_of(id)?;
         let mut s = shard.lock();
@@ -713,7 +716,10 @@ impl<T> Timer<T> {
     /// [`ScheduleError::Shutdown`]; a second call returns an empty list, except after a call
     /// made from within a turn (below), whose undelivered rest it returns. It may be called
     /// from a callback: it then waits for the other workers, not for the rest of the calling
-    /// worker's queue, which runs after the callback returns. Called from the driver thread
+    /// worker's queue, which runs after the callback returns; but if another `shutdown` is
+    /// already closing the pool, it returns at once (that one is joining this very worker,
+    /// and two callbacks that both shut down would otherwise wait for each other), while
+    /// other callbacks may still run. Called from the driver thread
     /// itself (a waker run by a `Sleeper`'s or a stream's delivery), it returns at once, and
     /// the turn in progress delivers the rest of what it had collected; what it cannot hand
     /// over waits for the next call (or is dropped with the engine, with a warning). A call
@@ -807,6 +813,10 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// Builds an engine that sends expirations to a crossbeam channel: bounded to `bound`
     /// (backpressure: the driver waits while it is full, and never drops a timer) or unbounded
     /// with `None`. A `bound` outside `1..=2^24` fails with [`BuildError::Capacity`].
+    ///
+    /// Expirations the driver cannot send because the receiver was dropped are kept, and
+    /// returned by [`Timer::shutdown`] (they count in [`Stats::undelivered`], and keep memory
+    /// until then); those the receiver had already taken in when it was dropped go with it.
     pub fn build_channel(
         self,
         bound: Option<usize>,

@@ -126,6 +126,50 @@ fn dropping_a_pending_sleep_cancels_without_waking_its_task() {
     assert_eq!(count.0.load(SeqCst), 0, "woken for nothing");
 }
 
+/// A stream dropped while its task waits on it lets go of that task's waker: nothing would
+/// ever wake it again (sends to a dropped stream fail), and a waker can own anything, even a
+/// handle of the engine itself, which would then never shut down on its own.
+#[test]
+fn a_dropped_stream_lets_go_of_its_waker() {
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use futures_util::Stream;
+
+    struct Idle;
+    impl Wake for Idle {
+        fn wake(self: Arc<Self>) {}
+    }
+    let (timer, mut stream) = Timer::<u32>::builder().build_stream(4).unwrap();
+    let idle = Arc::new(Idle);
+    let waker = Waker::from(idle.clone());
+    assert!(matches!(
+        Pin::new(&mut stream).poll_next(&mut Context::from_waker(&waker)),
+        Poll::Pending
+    ));
+    drop(waker);
+    assert_eq!(Arc::strong_count(&idle), 2, "the stream holds the waker");
+    drop(stream);
+    assert_eq!(
+        Arc::strong_count(&idle),
+        1,
+        "the dropped stream kept its waker"
+    );
+    // The engine still works, and hands back what it could not deliver.
+    timer.schedule(7, Duration::ZERO).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while timer.stats().undelivered == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the expiration was not handed over"
+        );
+        std::thread::sleep(MS);
+    }
+    let back = timer.shutdown();
+    assert_eq!(back.len(), 1);
+}
+
 /// A waker that panics when the driver wakes it is contained: the driver carries on and wakes
 /// the next sleep.
 #[test]
