@@ -13,8 +13,8 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
-    now_ms, Begin, Dedup, DedupError, Durability, Overdue, PersistConfig, PersistError, Persistent,
-    WallClock, WhenFull,
+    now_ms, Begin, Dedup, DedupError, Durability, EnvelopeError, Overdue, PersistConfig,
+    PersistError, Persistent, WallClock, WhenFull,
 };
 use delaywheel::ManualClock;
 use redis_cluster::RedisCluster;
@@ -293,7 +293,39 @@ fn oversized_payloads_are_refused_with_the_envelope() {
         Err(PersistError::Envelope(_, envelope)) => assert_eq!(envelope.payload, big),
         other => panic!("expected an envelope error, got {other:?}"),
     }
+    // A payload nested deeper than decoding reads back: refused, not stored to be lost.
+    let deep = (0..=delaywheel::redis::MAX_PAYLOAD_DEPTH)
+        .fold(serde_json::json!(1), |v, _| serde_json::json!([v]));
+    match p.schedule("deep", "t", deep.clone(), now_ms()) {
+        Err(PersistError::Envelope(EnvelopeError::TooDeep { .. }, envelope)) => {
+            assert_eq!(envelope.payload, deep)
+        }
+        other => panic!("expected a nesting error, got {other:?}"),
+    }
     assert!(p.is_empty());
+}
+
+/// A page size past what Redis takes as a COUNT (`usize::MAX`, meant as "all at once") is
+/// capped, not sent: the restore works (it failed with Redis's "out of range").
+#[test]
+fn restore_with_a_huge_page_size_works() {
+    let server = RedisServer::start();
+    {
+        let (p, _fired) = Persistent::start(config(&server, "huge_page")).unwrap();
+        for i in 0..300 {
+            p.schedule(
+                format!("t{i}"),
+                "t",
+                serde_json::Value::Null,
+                now_ms() + 3_600_000,
+            )
+            .unwrap();
+        }
+        assert!(p.flush(PATIENCE));
+    }
+    let (p, _fired) = Persistent::start(config(&server, "huge_page")).unwrap();
+    let report = p.restore(usize::MAX).unwrap();
+    assert_eq!(report.loaded, 300);
 }
 
 #[test]

@@ -90,6 +90,6 @@ pub use persistent::{
 pub use queue::{
     shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy, When,
 };
-pub use store::{Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError};
+pub use store::{Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError, MAX_PAGE};
 pub use task_store::TaskStore;
 pub use wall_clock::WallClock;

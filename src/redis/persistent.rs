@@ -407,6 +407,12 @@ impl Inner {
 /// by [`start`](Self::start) and leave Redis when [`ack`](Self::ack)ed.
 ///
 /// The store is Redis unless [`with_store`](Self::with_store) is given another [`TaskStore`].
+///
+/// Dropping the engine shuts it down, but the tasks [`shutdown`](Self::shutdown) would hand
+/// back (scheduled, never written, Redis down) are then only logged, with their count: call
+/// `shutdown` to keep them. If the receiver is dropped, tasks that fire afterwards stay
+/// fired and unacknowledged (in Redis, so they fire again after a restart; `cancel` returns
+/// `false` for them), with a warning each.
 pub struct Persistent<S: TaskStore = RedisStore> {
     inner: Arc<Inner>,
     timer: Timer<TaskKey>,
@@ -803,7 +809,8 @@ impl<S: TaskStore> Persistent<S> {
     /// again. A snapshot asked for meanwhile waits until the restore is done. An error if the
     /// store fails, or its scan stops before the last page; [`PersistError::Stopped`] after
     /// [`shutdown`](Self::shutdown), or when one begins meanwhile (it waits for the restore to
-    /// stop at its next page). A `page_size` of 0 is taken as 1.
+    /// stop at its next page). A `page_size` of 0 is taken as 1, and one above
+    /// [`MAX_PAGE`](super::MAX_PAGE) as that.
     ///
     /// Pages of a few thousand restored fastest in `examples/persist_report.rs` (1M tasks:
     /// about 5.1 s with 4 000 against 5.9 s with 1 000, on a slow VM); each page is one Redis
@@ -812,7 +819,7 @@ impl<S: TaskStore> Persistent<S> {
         if self.inner.shut_down.load(SeqCst) {
             return Err(PersistError::Stopped);
         }
-        let page_size = page_size.max(1);
+        let page_size = page_size.clamp(1, super::store::MAX_PAGE);
         let mut restoring = Restoring::begin(&self.inner);
         let mut report = RestoreReport::default();
         let mut overdue = 0u64;
@@ -1110,9 +1117,18 @@ impl<S: TaskStore> Persistent<S> {
 
 impl<S: TaskStore> Drop for Persistent<S> {
     fn drop(&mut self) {
-        // A no-op after `shutdown`. Dropped without one, unwritten tasks
-        // cannot be handed back (they are logged).
-        drop(self.shutdown());
+        // A no-op after `shutdown`. Dropped without one, unwritten tasks cannot be handed
+        // back: named in the log, at least.
+        let lost = self.shutdown();
+        if !lost.is_empty() {
+            let ids: Vec<&str> = lost.iter().take(100).map(|e| e.id.as_str()).collect();
+            tracing::error!(
+                tasks = lost.len(),
+                ?ids,
+                "engine dropped without shutdown(): tasks Redis never took are lost \
+                 (the first 100 ids named)"
+            );
+        }
     }
 }
 

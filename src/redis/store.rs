@@ -244,6 +244,11 @@ pub struct Page {
     pub broken: Vec<Broken>,
 }
 
+/// The most entries a page of a restore reads (a larger page size is taken as this): a
+/// Redis command runs whole while other clients wait, and Redis refuses a `COUNT` past
+/// `i64::MAX`.
+pub const MAX_PAGE: usize = 100_000;
+
 /// Pending tasks of one namespace in Redis, on one node or a Redis Cluster. Cheap to clone
 /// (one multiplexed connection that reconnects by itself).
 #[derive(Clone)]
@@ -398,8 +403,8 @@ impl RedisStore {
         Ok(self.rows(cursor, count).await?.classify())
     }
 
-    /// Reads one page of about `count` stored rows, starting at `cursor` (0 to begin), as
-    /// stored. Never one giant reply: ZSCAN pages the ZSET and HMGET fetches that page's
+    /// Reads one page of about `count` stored rows (0 is taken as 1, and more than
+    /// [`MAX_PAGE`] as that), starting at `cursor` (0 to begin), as stored. Never one giant reply: ZSCAN pages the ZSET and HMGET fetches that page's
     /// envelopes. Within a tokio runtime the next page is read ahead (two pages in flight), for
     /// the call that continues the scan at its cursor; a call at any other cursor drops it. A
     /// scan may return an entry twice if the set changes meanwhile (callers dedupe by id).
@@ -516,14 +521,15 @@ impl RedisStore {
             .await?)
     }
 
-    /// One ZSCAN step of the due ZSET.
+    /// One ZSCAN step of the due ZSET, of about `count` entries (at least 1, at most
+    /// [`MAX_PAGE`]).
     async fn scan(&self, cursor: u64, count: usize) -> Result<Scan, StoreError> {
         let mut conn = self.conn.clone();
         Ok(redis::cmd("ZSCAN")
             .arg(self.keys.due())
             .arg(cursor)
             .arg("COUNT")
-            .arg(count.max(1))
+            .arg(count.clamp(1, MAX_PAGE))
             .query_async(&mut conn)
             .await?)
     }
