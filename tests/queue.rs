@@ -1077,6 +1077,8 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
         |c: &mut QueueConfig| c.handler_threads = 1_025,
         // A claim's LIMIT goes through Lua's doubles: refused before it stops being an integer.
         |c: &mut QueueConfig| c.batch = 100_001,
+        // A claim's reply (batch × max_envelope) past 256 MiB: 6.5 GB here.
+        |c: &mut QueueConfig| c.batch = 100_000,
         // Leases are counted in whole ms: a shorter one would end at the due time.
         |c: &mut QueueConfig| c.lease = Duration::from_micros(999),
     ] {

@@ -79,6 +79,9 @@ impl Default for RetryPolicy {
 /// The largest `batch` a queue accepts: one claim's reply holds that many envelopes.
 const MAX_BATCH: usize = 100_000;
 
+/// The largest reply a claim may build: `batch` envelopes of `max_envelope` bytes each.
+const MAX_CLAIM_BYTES: usize = 256 << 20;
+
 /// Settings of a queue, shared by its producers and consumers.
 #[derive(Debug, Clone)]
 pub struct QueueConfig {
@@ -105,7 +108,8 @@ pub struct QueueConfig {
     pub reconcile: Duration,
     /// A notified consumer claims this long before the task is due (default 20 ms).
     pub claim_margin: Duration,
-    /// Tasks per claim (default 500; at most 100 000).
+    /// Tasks per claim (default 500; at most 100 000, and `batch × max_envelope` at most
+    /// 256 MiB, the largest reply a claim may build in Redis's memory).
     pub batch: usize,
     /// Claimed tasks a consumer holds at most (default 100 000); it claims less beyond that.
     pub max_held: usize,
@@ -145,7 +149,7 @@ pub struct QueueConfig {
     /// Whether producers PUBLISH a wake-up for tasks due before the next reconcile
     /// (default true).
     pub notify: bool,
-    /// The largest encoded envelope accepted (default 64 KiB).
+    /// The largest encoded envelope accepted (default 64 KiB; see `batch` for its limit).
     pub max_envelope: usize,
     /// A name for the consumer in leases and logs (default: host-pid-random).
     pub consumer_id: Option<String>,
@@ -198,6 +202,12 @@ impl QueueConfig {
         if self.batch > MAX_BATCH {
             // Also: past 2^53 a claim's LIMIT, a Lua double, would not be an integer.
             return Err(QueueError::Config("batch must be at most 100000"));
+        }
+        if self.batch.saturating_mul(self.max_envelope) > MAX_CLAIM_BYTES {
+            // A claim's reply is built in Redis's memory by one script.
+            return Err(QueueError::Config(
+                "batch × max_envelope must be at most 256 MiB (a claim's largest reply)",
+            ));
         }
         if self.handler_threads > 1_024 {
             return Err(QueueError::Config("handler_threads must be at most 1024"));
@@ -732,7 +742,17 @@ fn parse_dead(id: String, record: &str) -> DeadTask {
             .unwrap_or("unreadable record")
             .to_string(),
         at: v["at"].as_u64().unwrap_or(0),
-        attempt: v["attempt"].as_u64().unwrap_or(0) as u32,
+        // Saturated: the reaper adds its count through Lua's doubles, past u32 for a
+        // hand-made envelope.
+        attempt: v["attempt"]
+            .as_u64()
+            .or_else(|| {
+                v["attempt"]
+                    .as_f64()
+                    .filter(|a| *a >= 0.0)
+                    .map(|a| a as u64)
+            })
+            .map_or(0, |a| u32::try_from(a).unwrap_or(u32::MAX)),
         raw: v["raw"].as_str().unwrap_or(record).to_string(),
     }
 }
@@ -740,6 +760,18 @@ fn parse_dead(id: String, record: &str) -> DeadTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dead-letter record's attempt count past `u32` (the reaper's Lua arithmetic on a
+    /// hand-made envelope) saturates instead of wrapping to a small count.
+    #[test]
+    fn a_dead_records_attempt_count_saturates() {
+        let attempt = |record: &str| parse_dead("x".into(), record).attempt;
+        assert_eq!(attempt(r#"{"attempt":5}"#), 5);
+        assert_eq!(attempt(r#"{"attempt":4294967300}"#), u32::MAX);
+        assert_eq!(attempt(r#"{"attempt":4.2949673e+11}"#), u32::MAX);
+        assert_eq!(attempt(r#"{"attempt":-3}"#), 0);
+        assert_eq!(attempt("garbage"), 0);
+    }
 
     /// A delay is counted from the clock to the nanosecond and rounded up: with both rounded
     /// down to the ms, a task 1.9 ms out was due about 1 ms after the call, or at once.
