@@ -409,8 +409,8 @@ impl Inner {
 /// The store is Redis unless [`with_store`](Self::with_store) is given another [`TaskStore`].
 ///
 /// Dropping the engine shuts it down, but the tasks [`shutdown`](Self::shutdown) would hand
-/// back (scheduled, never written, Redis down) are then only logged, with their count: call
-/// `shutdown` to keep them. If the receiver is dropped, tasks that fire afterwards stay
+/// back (scheduled, never written, Redis down) are then only logged, with their count and
+/// the first 100 ids: call `shutdown` to keep them. If the receiver is dropped, tasks that fire afterwards stay
 /// fired and unacknowledged (in Redis, so they fire again after a restart; `cancel` returns
 /// `false` for them), with a warning each.
 pub struct Persistent<S: TaskStore = RedisStore> {

@@ -738,9 +738,20 @@ mod tests {
         };
         let past = now - 3_600_000;
         let future = now + 3_600_000;
+        // As the queue encodes it: the reaper reads `due_at` from the encoding's tail.
+        let encoded = crate::redis::Envelope {
+            id: "past".into(),
+            topic: "t".into(),
+            payload: serde_json::json!({"due_at": 7}),
+            attempt: 0,
+            created_at: 0,
+            due_at: past as u64,
+        }
+        .encode(usize::MAX)
+        .unwrap();
         redis::pipe()
             .zadd(k.due(), "past", past)
-            .hset(k.tasks(), "past", envelope("past", past))
+            .hset(k.tasks(), "past", encoded)
             .zadd(k.due(), "ahead", past)
             .hset(k.tasks(), "ahead", envelope("ahead", future))
             .zadd(k.due(), "foreign", past)
