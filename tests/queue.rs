@@ -1497,6 +1497,202 @@ impl SplitCluster {
     }
 }
 
+/// The EVALSHA calls node `url` has run so far.
+fn evalsha_calls(url: &str) -> u64 {
+    let mut node = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut node)
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// A TCP proxy in front of one cluster node. Once armed, it passes the next request on and
+/// closes the connection instead of passing the reply back: a reply lost after the command
+/// ran.
+struct ReplyDropper {
+    port: u16,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReplyDropper {
+    fn start(node_port: u16) -> ReplyDropper {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let armed2 = armed.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { return };
+                let mut server = TcpStream::connect(("127.0.0.1", node_port)).unwrap();
+                let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || std::io::copy(&mut c2, &mut s2));
+                let armed = armed2.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = server.read(&mut buf) {
+                        if armed.swap(false, SeqCst) {
+                            break;
+                        }
+                        if client.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = client.shutdown(Shutdown::Both);
+                    let _ = server.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        ReplyDropper { port, armed }
+    }
+}
+
+/// An enqueue whose reply is lost (the connection drops after the script ran) is not sent
+/// again, because it may have run: the caller gets `NotEnqueued`, which says the task may be
+/// queued all the same. The cluster client used to send it again, so the script ran twice and
+/// the second run answered "already queued" (`Ok(false)`) to the very call that queued it
+/// (with `replace`, a copy claimed in between would have fired twice).
+#[test]
+fn an_enqueue_whose_reply_is_lost_is_not_sent_again() {
+    let split = SplitCluster::start("unsent", |_| {});
+    let url = split.urls[split.paused].clone();
+    let node_port: u16 = url
+        .trim_start_matches("redis://127.0.0.1:")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    // Clients reach shard 0's node through the proxy: the node announces the proxy's port.
+    let proxy = ReplyDropper::start(node_port);
+    let mut node = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("cluster-announce-bus-port")
+        .arg(node_port + 10_000)
+        .arg("cluster-announce-port")
+        .arg(proxy.port)
+        .query::<()>(&mut node)
+        .unwrap();
+    wait_until("every node to announce the proxy", || {
+        split.urls.iter().all(|u| {
+            let mut c = redis::Client::open(u.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut c).unwrap();
+            nodes.contains(&format!(":{}@", proxy.port))
+        })
+    });
+    let p = producer(&split.rt, &split.cfg);
+    let id = (0..)
+        .map(|i| format!("u{i}"))
+        .find(|id| shard_of(id, 6) == 0)
+        .unwrap();
+    let enqueue = |id: &str| {
+        split.rt.block_on(p.enqueue(
+            id.to_owned(),
+            "job",
+            serde_json::Value::Null,
+            When::At(now_ms() + 3_600_000),
+        ))
+    };
+    // Through the proxy, with the script loaded, as a running producer is.
+    assert!(matches!(enqueue("u-warm-up"), Ok(true)));
+    let before = evalsha_calls(&url);
+    proxy.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = enqueue(&id);
+    assert!(
+        !proxy.armed.load(std::sync::atomic::Ordering::SeqCst),
+        "no reply was dropped"
+    );
+    assert!(
+        matches!(sent, Err(QueueError::NotEnqueued(..))),
+        "a reply that never came: {sent:?}"
+    );
+    assert_eq!(
+        evalsha_calls(&url) - before,
+        1,
+        "the enqueue ran more than once"
+    );
+    // It did run: enqueueing again tells so, as NotEnqueued's docs say.
+    let again = enqueue(&id);
+    assert!(matches!(again, Ok(false)), "{again:?}");
+}
+
+/// A command the cluster refuses with MOVED, after its slot went to another node, is sent
+/// again to the new owner: the client no longer does that by itself (it would also resend
+/// after a timeout, above), so `Link` does, for the refusals that say nothing ran.
+#[test]
+fn an_enqueue_follows_its_slot_to_another_node() {
+    let split = SplitCluster::start("moved", |_| {});
+    let id = (0..)
+        .map(|i| format!("m{i}"))
+        .find(|id| shard_of(id, 6) == 0)
+        .unwrap();
+    // The producer knows the slot map (and has loaded its script everywhere); its task is on
+    // another shard, so shard 0's slot stays empty.
+    enqueue_all(
+        &split.rt,
+        &split.p,
+        "job",
+        vec![(split.id.clone(), now_ms() + 3_600_000)],
+    );
+    let conn = |n: usize| {
+        redis::Client::open(split.urls[n].as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+    let from = split.paused;
+    let to = (from + 1) % split.urls.len();
+    let myid = |n: usize| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut conn(n))
+            .unwrap()
+    };
+    let (from_id, to_id) = (myid(from), myid(to));
+    let slot: u64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("{moved:0}:due")
+        .query(&mut conn(from))
+        .unwrap();
+    // The shard holds no key yet: the slot moves without MIGRATE.
+    let setslot = |n: usize, args: &[&str]| {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(args)
+            .query::<()>(&mut conn(n))
+            .unwrap()
+    };
+    setslot(to, &["IMPORTING", &from_id]);
+    setslot(from, &["MIGRATING", &to_id]);
+    for n in 0..split.urls.len() {
+        setslot(n, &["NODE", &to_id]);
+    }
+    let sent = split.rt.block_on(split.p.enqueue(
+        id.clone(),
+        "job",
+        serde_json::Value::Null,
+        When::At(now_ms() + 3_600_000),
+    ));
+    assert!(matches!(sent, Ok(true)), "{sent:?}");
+    let held: bool = redis::cmd("HEXISTS")
+        .arg("{moved:0}:tasks")
+        .arg(&id)
+        .query(&mut conn(to))
+        .unwrap();
+    assert!(held, "the task is not on the slot's new node");
+}
+
 /// A shard whose node stops answering delays no other shard's reaping: a crashed consumer's
 /// task on another node is reaped and fires elsewhere after its lease. (One reaper went
 /// through the shards in turn, so it waited on the paused node first.)

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
-/// How many times a failed (re)connection is retried before the error is returned: the
-/// callers (the flusher, the consumer loops) have their own backoff, and a wrong password
-/// should fail fast.
+/// How many times a failed (re)connection, or a cluster command that certainly did not run
+/// (`not_run`), is retried before the error is returned: the callers (the flusher, the
+/// consumer loops) have their own backoff, and a wrong password should fail fast.
 const RETRIES: u32 = 2;
 
 /// The longest wait between those retries.
@@ -64,7 +64,10 @@ impl Link {
     pub(crate) async fn cluster(nodes: &[String]) -> Result<Link, redis::RedisError> {
         in_tokio_runtime()?;
         let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
-            .retries(RETRIES)
+            // Never 2 here: the cluster client would also send a command again after a reply
+            // timeout or a dropped connection, when the first may already have run: a script
+            // twice. What is safe to send again is sent again by `Link` (`not_run`).
+            .retries(0)
             .max_retry_wait(MAX_RETRY_WAIT.as_millis() as u64)
             .connection_timeout(RESPONSE_TIMEOUT)
             .response_timeout(RESPONSE_TIMEOUT)
@@ -92,7 +95,19 @@ impl redis::aio::ConnectionLike for Link {
     ) -> redis::RedisFuture<'a, redis::Value> {
         match self {
             Link::Node(c) => c.req_packed_command(cmd),
-            Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => Box::pin(async move {
+                let mut sent = 0;
+                loop {
+                    match c.req_packed_command(cmd).await {
+                        Err(e) if sent < RETRIES && not_run(&e) => {
+                            sent += 1;
+                            tracing::debug!(error = %e, "cluster refused a command; sending it again");
+                            tokio::time::sleep(MAX_RETRY_WAIT / 4 * sent).await;
+                        }
+                        reply => return reply,
+                    }
+                }
+            }),
         }
     }
 
@@ -104,6 +119,7 @@ impl redis::aio::ConnectionLike for Link {
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
         match self {
             Link::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            // Not sent again by `Link`, even when refused: part of it may have run.
             Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -114,6 +130,22 @@ impl redis::aio::ConnectionLike for Link {
             Link::Cluster(c) => c.get_db(),
         }
     }
+}
+
+/// Whether a command that failed with `e` certainly did not run, so that sending it again
+/// cannot run it twice: the cluster moved its slot (`MOVED`; the client refreshes its slot
+/// map meanwhile), refused it while it reconfigures (`TRYAGAIN`, `CLUSTERDOWN`,
+/// `MASTERDOWN`, `LOADING`, `READONLY` from a demoted master), or the client had no
+/// connection to send it on. Not `ASK` (it needs `ASKING` on the other node first: the error
+/// goes to the caller, whose own backoff tries again), and never a reply timeout or a dropped
+/// connection, after which the command may well have run.
+fn not_run(e: &redis::RedisError) -> bool {
+    use redis::RetryMethod::*;
+    // Any other (newer) kind: not known to be safe.
+    matches!(
+        e.retry_method(),
+        MovedRedirect | WaitAndRetry | RefreshSlotsAndRetry | ReconnectFromInitialConnections
+    )
 }
 
 /// The role names a namespace's `{ns}:kind` key holds.
