@@ -1308,7 +1308,7 @@ impl Job {
 
 /// What a write task returns.
 enum Done {
-    /// Redis's answer to an ack call, per task (1: acked; 0: refused).
+    /// Redis's answer to an ack call, per task (1: acked; 2: already gone, as after a resend; 0: refused).
     Acks(Result<Vec<u8>, redis::RedisError>),
     /// A renewal or an outcome written (or given up on).
     Other,
@@ -1379,7 +1379,11 @@ async fn send_acks(shared: Arc<Shared>, shard: u32, batch: Arc<Vec<(String, Arc<
 fn acked(shared: &Shared, shard: u32, batch: &[(String, Arc<str>)], results: &[u8]) {
     for ((id, owner), ok) in batch.iter().zip(results) {
         settled(shared, shard, id, owner);
-        if *ok == 1 {
+        if *ok == 2 {
+            // Gone, and held by no one: most likely a resend of an ack that landed.
+            tracing::debug!(%id, "ack found the task already gone");
+        }
+        if *ok != 0 {
             shared.counters.acked.fetch_add(1, Relaxed);
         } else {
             shared.counters.refused.fetch_add(1, Relaxed);
@@ -1446,7 +1450,8 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
     let (mut failures, mut lasting) = (0u32, 0u32);
     loop {
         match shared.conn.run::<i64>(&inv).await {
-            Ok(1) => {
+            // 2: an earlier send of this write landed; its reply was lost.
+            Ok(1 | 2) => {
                 ok_counter.fetch_add(1, Relaxed);
                 break;
             }

@@ -171,7 +171,9 @@ return n
 });
 
 /// KEYS: lease, owner, tasks, expired. ARGV: id1, owner1, id2, owner2, ... Removes each task
-/// whose owner still matches; returns 1 or 0 per task (0: refused, the lease was taken over).
+/// whose owner still matches; returns per task 1 (removed), 2 (already gone, and held by no
+/// one: an earlier send of this ack ran and its reply was lost, or the task was cancelled) or
+/// 0 (refused: the lease was taken over, or ran out and the task is queued again).
 pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -183,6 +185,8 @@ for i = 1, #ARGV, 2 do
     redis.call('HDEL', KEYS[3], ARGV[i])
     redis.call('HDEL', KEYS[4], ARGV[i])
     out[#out + 1] = 1
+  elseif redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
+    out[#out + 1] = 2
   else
     out[#out + 1] = 0
   end
@@ -193,12 +197,17 @@ return out
 });
 
 /// KEYS: lease, owner, tasks, due. ARGV: id, owner, new envelope, next due (ms), channel,
-/// notify before (ms), wake-up suffix (`:shard`, or empty). Puts a failed task back in the queue for its next attempt, if the owner
-/// still matches, and wakes the consumers if it is due soon.
+/// notify before (ms), wake-up suffix (`:shard`, or empty). Puts a failed task back in the
+/// queue for its next attempt, if the owner still matches, and wakes the consumers if it is
+/// due soon. Returns 1, or 2 if the task already holds the new envelope (an earlier send of
+/// this retry ran and its reply was lost), else 0 (refused: the lease was taken over).
 pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
+  if redis.call('HGET', KEYS[3], ARGV[1]) == ARGV[3] then return 2 end
+  return 0
+end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
@@ -210,11 +219,15 @@ return 1
 });
 
 /// KEYS: lease, owner, tasks, dead, expired. ARGV: id, owner, record. Moves a task to the
-/// dead-letter HASH, if the owner still matches.
+/// dead-letter HASH, if the owner still matches. Returns 1, or 2 if the dead-letter HASH
+/// already holds this record (an earlier send ran and its reply was lost), else 0.
 pub(crate) static DEAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
+  if redis.call('HGET', KEYS[4], ARGV[1]) == ARGV[3] then return 2 end
+  return 0
+end
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -433,6 +446,90 @@ mod tests {
             .chunks(3)
             .map(|t| (t[0].clone(), format!("c|{token}")))
             .collect()
+    }
+
+    /// An ack, retry or dead-lettering sent again after its reply was lost answers 2 (it
+    /// landed), not 0, which the consumer counts as a takeover; an ack whose lease ran out
+    /// and whose task is queued again still answers 0.
+    #[test]
+    fn an_outcome_sent_again_reads_as_landed_not_refused() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("resent").unwrap();
+        for id in ["a", "r", "d", "late"] {
+            redis::pipe()
+                .zadd(k.due(), id, 0)
+                .hset(k.tasks(), id, "{}")
+                .query::<()>(&mut conn)
+                .unwrap();
+        }
+        let claimed: std::collections::HashMap<String, String> =
+            claim(&mut conn, &k, 60_000).into_iter().collect();
+        assert_eq!(claimed.len(), 4);
+        let ack = |conn: &mut redis::Connection, id: &str| -> Vec<u8> {
+            ACK.key(k.lease())
+                .key(k.owner())
+                .key(k.tasks())
+                .key(k.expired())
+                .arg(id)
+                .arg(&claimed[id])
+                .invoke(conn)
+                .unwrap()
+        };
+        assert_eq!(ack(&mut conn, "a"), [1]);
+        assert_eq!(ack(&mut conn, "a"), [2], "a resent ack");
+        let retry = |conn: &mut redis::Connection| -> i64 {
+            RETRY
+                .key(k.lease())
+                .key(k.owner())
+                .key(k.tasks())
+                .key(k.due())
+                .arg("r")
+                .arg(&claimed["r"])
+                .arg(r#"{"attempt":1}"#)
+                .arg(5)
+                .arg("chan")
+                .arg(0)
+                .arg("")
+                .invoke(conn)
+                .unwrap()
+        };
+        assert_eq!(retry(&mut conn), 1);
+        assert_eq!(retry(&mut conn), 2, "a resent retry");
+        let dead = |conn: &mut redis::Connection| -> i64 {
+            DEAD.key(k.lease())
+                .key(k.owner())
+                .key(k.tasks())
+                .key(k.dead())
+                .key(k.expired())
+                .arg("d")
+                .arg(&claimed["d"])
+                .arg(r#"{"reason":"x"}"#)
+                .invoke(conn)
+                .unwrap()
+        };
+        assert_eq!(dead(&mut conn), 1);
+        assert_eq!(dead(&mut conn), 2, "a resent dead-lettering");
+        // "late"'s lease runs out: the reaper queues it again, and its ack is refused.
+        redis::cmd("ZADD")
+            .arg(k.lease())
+            .arg(0)
+            .arg("late")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(reap(&mut conn, &k, 0), (1, 0));
+        assert_eq!(ack(&mut conn, "late"), [0], "a lease that ran out");
+        // "r", claimed again, is still the envelope the retry wrote: a late resend landed.
+        let reclaimed = claim(&mut conn, &k, 60_000);
+        assert!(reclaimed.iter().any(|(id, _)| id == "r"));
+        assert_eq!(retry(&mut conn), 2);
+        // Once its new owner wrote a retry of its own, the old resend is refused.
+        redis::cmd("HSET")
+            .arg(k.tasks())
+            .arg("r")
+            .arg(r#"{"attempt":2}"#)
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(retry(&mut conn), 0, "the task moved on: refused");
     }
 
     /// A claim called again with its nonce (its reply was lost) answers the same batch, as
