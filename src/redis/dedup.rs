@@ -69,7 +69,11 @@ impl fmt::Debug for Dedup {
 impl Dedup {
     /// Markers for namespace `ns` on the Redis at `url`: a `running` marker lives `lease`
     /// (longer than a handler takes), a `done` marker `keep` (longer than a task can be
-    /// redelivered). Durations below 1 ms count as 1 ms, and above 2^62 ms (146 million years,
+    /// redelivered). With the queue, keep `lease` well below the time its retry policy spans
+    /// (the sum of the backoffs: 1 + 4 + 9 + 16 = 30 s with the defaults): a handler that
+    /// crashed holding the marker leaves it for `lease`, each redelivery meanwhile finds
+    /// [`Begin::InProgress`] and fails an attempt, and once the attempts run out the task is
+    /// dead-lettered without having run. Durations below 1 ms count as 1 ms, and above 2^62 ms (146 million years,
     /// "forever") as 2^62 ms: Redis refuses an expiry past its clock's range. Outside a Tokio
     /// runtime it returns an error (the runtime must have time and I/O enabled, as `enable_all` does).
     pub async fn connect(
@@ -134,7 +138,8 @@ impl Dedup {
     ///
     /// The `running` marker is not renewed: a handler that works longer than `lease` lets a
     /// redelivery run beside it. On [`Begin::InProgress`] a queue handler should fail the task
-    /// so that it is retried after its backoff; a `Persistent` consumer leaves it
+    /// so that it is retried after its backoff (which spends an attempt: see
+    /// [`connect`](Self::connect) on choosing `lease`); a `Persistent` consumer leaves it
     /// unacknowledged and schedules it again a lease later.
     pub async fn begin(&self, id: &str) -> Result<Begin, StoreError> {
         let mut conn = self.conn.clone();
