@@ -414,3 +414,34 @@ fn connecting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
     );
     assert!(matches!(first_poll(dedup), Poll::Ready(Err(_))));
 }
+
+/// The async constructors called on a Tokio runtime without its time or I/O driver return an
+/// error that says which: the redis crate's connections panicked inside Tokio there.
+#[test]
+fn connecting_on_a_runtime_without_time_or_io_is_an_error_not_a_panic() {
+    let url = "redis://127.0.0.1:1";
+    let no_time = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let no_io = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    for (rt, missing) in [(no_time, "time driver"), (no_io, "I/O driver")] {
+        let cfg = delaywheel::redis::QueueConfig::new(url, "partial");
+        let producer = rt.block_on(delaywheel::redis::Producer::connect(cfg));
+        let e = producer.expect_err("connected without a driver");
+        assert!(e.to_string().contains(missing), "{missing}: {e}");
+        let dedup = rt.block_on(delaywheel::redis::Dedup::connect(
+            url,
+            "partial",
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(1),
+        ));
+        let e = dedup.expect_err("connected without a driver");
+        assert!(e.to_string().contains(missing), "{missing}: {e}");
+        let store = rt.block_on(RedisStore::connect(url, KeyLayout::new("partial").unwrap()));
+        assert!(store.is_err(), "{missing}");
+    }
+}

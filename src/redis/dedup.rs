@@ -75,7 +75,7 @@ impl Dedup {
     /// [`Begin::InProgress`] and fails an attempt, and once the attempts run out the task is
     /// dead-lettered without having run. Durations below 1 ms count as 1 ms, and above 2^62 ms (146 million years,
     /// "forever") as 2^62 ms: Redis refuses an expiry past its clock's range. Outside a Tokio
-    /// runtime it returns an error (the runtime must have time and I/O enabled, as `enable_all` does).
+    /// runtime, or on one without its time or I/O driver, it returns an error.
     pub async fn connect(
         url: &str,
         ns: &str,

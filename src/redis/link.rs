@@ -37,19 +37,30 @@ pub(crate) enum Link {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
-/// The redis crate's connections spawn tasks on the current Tokio runtime, and panic outside
-/// one: a connection attempted from elsewhere (a `futures` executor, say) is refused instead.
-/// (A runtime must also have its time and I/O drivers enabled, as `enable_all` does, which
-/// cannot be checked from here.)
+/// The redis crate's connections spawn tasks on the current Tokio runtime and use its time
+/// and I/O drivers, and panic without them: a connection attempted outside a runtime (from a
+/// `futures` executor, say), or on a runtime built without `enable_time` or `enable_io`, is
+/// refused instead. Tokio offers no way to ask whether a driver is enabled, so each is probed
+/// by what panics without it (a zero sleep; a socket pair), and the panic is caught: its
+/// message is still printed by the panic hook, and under `panic = "abort"` it aborts.
 fn in_tokio_runtime() -> Result<(), redis::RedisError> {
-    tokio::runtime::Handle::try_current()
-        .map(|_| ())
-        .map_err(|_| {
-            redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "delaywheel's async Redis connections must be made within a Tokio runtime",
-            ))
-        })
+    let refused = |what: &'static str| redis::RedisError::from((redis::ErrorKind::Client, what));
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(refused(
+            "delaywheel's async Redis connections must be made within a Tokio runtime",
+        ));
+    }
+    if std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_err() {
+        return Err(refused(
+            "the Tokio runtime has no time driver: build it with `enable_all` (or `enable_time`)",
+        ));
+    }
+    if std::panic::catch_unwind(|| drop(tokio::net::UnixStream::pair())).is_err() {
+        return Err(refused(
+            "the Tokio runtime has no I/O driver: build it with `enable_all` (or `enable_io`)",
+        ));
+    }
+    Ok(())
 }
 
 impl Link {

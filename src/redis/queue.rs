@@ -502,8 +502,8 @@ impl fmt::Debug for Producer {
 
 impl Producer {
     /// Connects. Errors: a bad setting or namespace, a namespace a `Persistent` engine uses
-    /// ([`QueueError::InUse`]), an unreachable Redis, or a call outside a
-    /// Tokio runtime (the runtime must have time and I/O enabled, as `enable_all` does).
+    /// ([`QueueError::InUse`]), an unreachable Redis, or a call outside a Tokio runtime or
+    /// on one without its time or I/O driver (`enable_all` enables both).
     pub async fn connect(cfg: QueueConfig) -> Result<Producer, QueueError> {
         let shards = cfg.check()?;
         let conn = Conn::open(&cfg, &shards).await?;

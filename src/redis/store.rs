@@ -299,8 +299,8 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// Connects to `url` (`redis://user:password@host:port/db`, `rediss://` for TLS where the
     /// redis crate is built with it, `redis+unix:///path`) for the namespace whose keys are
-    /// `keys`. Outside a Tokio runtime it returns an error (the runtime must have time
-    /// and I/O enabled, as `enable_all` does).
+    /// `keys`. Outside a Tokio runtime, or on one without its time or I/O driver, it returns
+    /// an error.
     pub async fn connect(url: &str, keys: KeyLayout) -> Result<RedisStore, StoreError> {
         Ok(RedisStore::on(Link::node(url).await?, keys))
     }
