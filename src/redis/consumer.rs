@@ -863,6 +863,7 @@ async fn claim(
         .key(keys.fence())
         .key(keys.dead())
         .key(keys.batch(&shared.batch_name))
+        .key(keys.expired())
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(room.n)
         .arg(shared.id.as_str())

@@ -74,7 +74,7 @@ return n
     )
 });
 
-/// KEYS: due, tasks, lease, owner, fence, dead, batch. ARGV: until (ms), batch, consumer,
+/// KEYS: due, tasks, lease, owner, fence, dead, batch, expired. ARGV: until (ms), batch, consumer,
 /// lease (ms), nonce. Takes up to `batch` tasks due by `until`, leases them to
 /// `consumer|token` until max(due, now) + lease (`now`: Redis's clock), and returns `token,
 /// id1, due1, envelope1, id2, ...`, or an empty array. An id with no envelope (or an empty
@@ -134,6 +134,7 @@ for i = 1, #ids, 2 do
       reason = 'no envelope in the tasks hash', raw = '', at = now, attempt = 0}}))
     redis.call('ZREM', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[8], id)
     out[#out + 1] = id
     out[#out + 1] = 'dead'
     out[#out + 1] = ''
@@ -430,6 +431,7 @@ mod tests {
             .key(k.fence())
             .key(k.dead())
             .key(k.batch("c"))
+            .key(k.expired())
             .arg(i64::MAX)
             .arg(batch)
             .arg("c")
@@ -634,14 +636,17 @@ mod tests {
             .zadd(k.due(), "none", 0)
             .zadd(k.due(), "empty", 0)
             .hset(k.tasks(), "empty", "")
+            // A lease on "none" ran out before (its envelope went meanwhile).
+            .hset(k.expired(), "none", 1)
             .query::<()>(&mut conn)
             .unwrap();
         let reply = claim_reply(&mut conn, &k, 60_000);
         assert_eq!(reply[1..], ["empty", "dead", "", "none", "dead", ""]);
-        let (leased, queued, dead): (u32, u32, Vec<String>) = redis::pipe()
+        let (leased, queued, dead, expiries): (u32, u32, Vec<String>, u32) = redis::pipe()
             .zcard(k.lease())
             .zcard(k.due())
             .hkeys(k.dead())
+            .hlen(k.expired())
             .query(&mut conn)
             .unwrap();
         assert_eq!(
@@ -649,6 +654,7 @@ mod tests {
             (0, 0),
             "an id with no envelope was leased"
         );
+        assert_eq!(expiries, 0, "a dead letter's expiry count was kept");
         assert_eq!(dead.len(), 2);
         let record = dead_record(&mut conn, &k, "none");
         assert_eq!(record["reason"], "no envelope in the tasks hash");
