@@ -1142,7 +1142,7 @@ async fn resolve(
                 touched = Some(o.shard());
                 let outbox = outboxes.entry(o.shard()).or_default();
                 match o {
-                    Outcome::Ack { id, owner, .. } => outbox.acks.push((id, owner)),
+                    Outcome::Ack { id, owner, .. } => outbox.acks.push((id, owner, false)),
                     other => outbox.outcomes.push_back(other),
                 }
             }
@@ -1243,6 +1243,10 @@ impl Writes {
     }
 }
 
+/// An ack waiting to be sent: task id, owner, and whether an earlier call carrying it failed
+/// (and so may have run: Redis then tells a task already gone from a refusal).
+type PendingAck = (String, Arc<str>, bool);
+
 /// Acks a shard collects before it sends them without waiting for `ack_interval`.
 const ACK_BATCH: usize = 256;
 
@@ -1260,7 +1264,7 @@ const OUTCOME_RETRY_MAX: Duration = Duration::from_secs(2);
 #[derive(Default)]
 struct Outbox {
     /// Acks waiting for the shard's next ack call.
-    acks: Vec<(String, Arc<str>)>,
+    acks: Vec<PendingAck>,
     /// An ack call is out.
     acking: bool,
     /// Retries and dead-letterings waiting for their turn.
@@ -1286,7 +1290,7 @@ enum Job {
     /// An ack call: the batch is put back if the call fails.
     Acks {
         shard: u32,
-        batch: Arc<Vec<(String, Arc<str>)>>,
+        batch: Arc<Vec<PendingAck>>,
     },
     Renewal {
         shard: u32,
@@ -1338,7 +1342,10 @@ fn finished(
                     }
                     // The task has ended, so this is the last reference.
                     let batch = Arc::try_unwrap(batch).unwrap_or_else(|b| (*b).clone());
-                    outbox.acks.extend(batch);
+                    // Sent again: the failed call may have run (a reply lost).
+                    outbox
+                        .acks
+                        .extend(batch.into_iter().map(|(id, owner, _)| (id, owner, true)));
                     0
                 }
             }
@@ -1359,15 +1366,15 @@ fn finished(
 
 /// One ack call for `shard`'s `batch`. A failure waits a little before it returns, so that
 /// the resolver's retries of an error Redis answers at once do not spin.
-async fn send_acks(shared: Arc<Shared>, shard: u32, batch: Arc<Vec<(String, Arc<str>)>>) -> Done {
+async fn send_acks(shared: Arc<Shared>, shard: u32, batch: Arc<Vec<PendingAck>>) -> Done {
     let keys = &shared.shards[shard as usize];
     let mut inv = scripts::ACK.prepare_invoke();
     inv.key(keys.lease())
         .key(keys.owner())
         .key(keys.tasks())
         .key(keys.expired());
-    for (id, owner) in batch.iter() {
-        inv.arg(id.as_str()).arg(&**owner);
+    for (id, owner, again) in batch.iter() {
+        inv.arg(id.as_str()).arg(&**owner).arg(u8::from(*again));
     }
     let results = shared.conn.run::<Vec<u8>>(&inv).await;
     if results.is_err() {
@@ -1377,8 +1384,8 @@ async fn send_acks(shared: Arc<Shared>, shard: u32, batch: Arc<Vec<(String, Arc<
 }
 
 /// Counts an answered ack call: each task's lease is no longer renewed, acked or refused.
-fn acked(shared: &Shared, shard: u32, batch: &[(String, Arc<str>)], results: &[u8]) {
-    for ((id, owner), ok) in batch.iter().zip(results) {
+fn acked(shared: &Shared, shard: u32, batch: &[PendingAck], results: &[u8]) {
+    for ((id, owner, _), ok) in batch.iter().zip(results) {
         settled(shared, shard, id, owner);
         if *ok == 2 {
             // Gone, and held by no one: most likely a resend of an ack that landed.

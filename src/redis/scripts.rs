@@ -171,22 +171,24 @@ return n
     ))
 });
 
-/// KEYS: lease, owner, tasks, expired. ARGV: id1, owner1, id2, owner2, ... Removes each task
-/// whose owner still matches; returns per task 1 (removed), 2 (already gone, and held by no
-/// one: an earlier send of this ack ran and its reply was lost, or the task was cancelled) or
-/// 0 (refused: the lease was taken over, or ran out and the task is queued again).
+/// KEYS: lease, owner, tasks, expired. ARGV: id1, owner1, again1, id2, ... Removes each task
+/// whose owner still matches; returns per task 1 (removed), 0 (refused: the lease was taken
+/// over, or ran out and the task is queued again), or, for an ack sent again (`again` = 1)
+/// after a call that failed, 2 if the task is gone and held by no one: most likely that call
+/// ran and only its reply was lost. (Another consumer's takeover and ack in between would
+/// read the same; without a failed call before, that is what it reads as: 0.)
 pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local out = {}
-for i = 1, #ARGV, 2 do
+for i = 1, #ARGV, 3 do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
     redis.call('ZREM', KEYS[1], ARGV[i])
     redis.call('HDEL', KEYS[2], ARGV[i])
     redis.call('HDEL', KEYS[3], ARGV[i])
     redis.call('HDEL', KEYS[4], ARGV[i])
     out[#out + 1] = 1
-  elseif redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
+  elseif ARGV[i + 2] == '1' and redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
     out[#out + 1] = 2
   else
     out[#out + 1] = 0
@@ -451,8 +453,8 @@ mod tests {
     }
 
     /// An ack, retry or dead-lettering sent again after its reply was lost answers 2 (it
-    /// landed), not 0, which the consumer counts as a takeover; an ack whose lease ran out
-    /// and whose task is queued again still answers 0.
+    /// landed), not 0, which the consumer counts as a takeover; a late ack not sent again,
+    /// and one whose lease ran out and whose task is queued again, still answer 0.
     #[test]
     fn an_outcome_sent_again_reads_as_landed_not_refused() {
         let (_server, mut conn) = redis();
@@ -467,18 +469,21 @@ mod tests {
         let claimed: std::collections::HashMap<String, String> =
             claim(&mut conn, &k, 60_000).into_iter().collect();
         assert_eq!(claimed.len(), 4);
-        let ack = |conn: &mut redis::Connection, id: &str| -> Vec<u8> {
+        let ack = |conn: &mut redis::Connection, id: &str, again: bool| -> Vec<u8> {
             ACK.key(k.lease())
                 .key(k.owner())
                 .key(k.tasks())
                 .key(k.expired())
                 .arg(id)
                 .arg(&claimed[id])
+                .arg(u8::from(again))
                 .invoke(conn)
                 .unwrap()
         };
-        assert_eq!(ack(&mut conn, "a"), [1]);
-        assert_eq!(ack(&mut conn, "a"), [2], "a resent ack");
+        assert_eq!(ack(&mut conn, "a", false), [1]);
+        assert_eq!(ack(&mut conn, "a", true), [2], "a resent ack");
+        // Not sent again: another consumer took the task over and acked it.
+        assert_eq!(ack(&mut conn, "a", false), [0], "a late ack");
         let retry = |conn: &mut redis::Connection| -> i64 {
             RETRY
                 .key(k.lease())
@@ -519,7 +524,7 @@ mod tests {
             .query::<()>(&mut conn)
             .unwrap();
         assert_eq!(reap(&mut conn, &k, 0), (1, 0));
-        assert_eq!(ack(&mut conn, "late"), [0], "a lease that ran out");
+        assert_eq!(ack(&mut conn, "late", true), [0], "a lease that ran out");
         // "r", claimed again, is still the envelope the retry wrote: a late resend landed.
         let reclaimed = claim(&mut conn, &k, 60_000);
         assert!(reclaimed.iter().any(|(id, _)| id == "r"));
@@ -773,6 +778,7 @@ mod tests {
             .key(k.expired())
             .arg(&fine.0)
             .arg(&fine.1)
+            .arg(0)
             .invoke(&mut conn)
             .unwrap();
         assert_eq!(acked, [1]);
