@@ -1621,3 +1621,49 @@ fn an_ack_of_a_replaced_version_leaves_the_new_one() {
     assert!(store.ids().is_empty());
     p.shutdown();
 }
+
+/// A full journal asks the flusher for a round at once, with the store up: a blocked producer
+/// goes on, and one refused finds room right after, instead of waiting out the flush
+/// interval (an hour here).
+#[test]
+fn a_full_journal_asks_for_a_round_at_once() {
+    for when_full in [
+        delaywheel::redis::WhenFull::Block,
+        delaywheel::redis::WhenFull::Error,
+    ] {
+        let store = MemStore::default();
+        let mut cfg = PersistConfig::new("unused://", "unused");
+        cfg.journal_bound = 10;
+        cfg.when_full = when_full;
+        cfg.flush_interval = Duration::from_secs(3_600);
+        let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+        let p = std::sync::Arc::new(p);
+        let far = now_ms() + 3_600_000;
+        // The flusher's first round may come before or after these: either way it then
+        // sleeps for the interval, with changes left in the journal.
+        wait_until("the first round", || p.flush(Duration::from_millis(10)));
+        for i in 0..10 {
+            p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+                .unwrap();
+        }
+        // Block: returns once a round made room (on a thread: without the round it would
+        // block for the hour). Error: refused, then room soon after.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q = p.clone();
+        std::thread::spawn(move || {
+            while q
+                .schedule("t10", "t", serde_json::Value::Null, far)
+                .is_err()
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(PATIENCE).is_ok(),
+            "{when_full:?}: no room within {PATIENCE:?}"
+        );
+        assert!(store.ids().len() >= 10, "{when_full:?}: no round wrote");
+        p.shutdown();
+    }
+}

@@ -685,6 +685,9 @@ impl<S: TaskStore> Persistent<S> {
     ) -> Result<Arc<Envelope>, PersistError> {
         while state.journal.depth() >= self.inner.cfg.journal_bound {
             metrics::counter!("delaywheel_journal_full_total").increment(1);
+            // A round now, not after the flush interval: with Redis up it makes room at once.
+            // (While Redis is down a kick does not cut the flusher's backoff short.)
+            self.inner.kick(&mut state.journal);
             match self.inner.cfg.when_full {
                 WhenFull::Error => {
                     tracing::warn!(
