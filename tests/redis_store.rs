@@ -203,6 +203,17 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
         .arg("stray")
         .arg(envelope("good", 70).encode(4096).unwrap())
         .ignore()
+        // An empty id, which `schedule` refuses: written by another client.
+        .cmd("ZADD")
+        .arg("{t3}:due")
+        .arg(75)
+        .arg("")
+        .ignore()
+        .cmd("HSET")
+        .arg("{t3}:tasks")
+        .arg("")
+        .arg(r#"{"id":"","topic":"t","payload":null,"attempt":0,"created_at":0,"due_at":75}"#)
+        .ignore()
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -219,6 +230,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
                 }
                 ("fractional" | "negative", BrokenReason::BadScore(_)) => true,
                 ("stray", BrokenReason::IdMismatch(other)) => other == "good",
+                ("", BrokenReason::EmptyId) => true,
                 _ => false,
             };
             (b.id.as_str(), ok)
@@ -227,6 +239,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
     assert_eq!(
         reasons,
         vec![
+            ("", true),
             ("fractional", true),
             ("garbage", true),
             ("negative", true),
@@ -264,7 +277,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
         .unwrap();
     let mut dead_ids: Vec<&str> = dead.keys().map(String::as_str).collect();
     dead_ids.sort_unstable();
-    assert_eq!(dead_ids, ["garbage", "negative"]);
+    assert_eq!(dead_ids, ["", "garbage", "negative"]);
     let garbage: serde_json::Value = serde_json::from_str(&dead["garbage"]).unwrap();
     assert_eq!(garbage["raw"], "{not json");
     assert_eq!(garbage["at"], 123);

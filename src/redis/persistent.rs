@@ -49,7 +49,9 @@ pub enum Durability {
     #[default]
     WriteBehind,
     /// `schedule` returns only once Redis has acknowledged the write (or, with
-    /// [`PersistConfig::write_through_timeout`], says it has not within that time).
+    /// [`PersistConfig::write_through_timeout`], says it has not within that time). `cancel`
+    /// and `ack` stay write-behind: a crash right after one can bring the task back, to fire
+    /// again (call [`Persistent::flush`] where that matters).
     WriteThrough,
 }
 
@@ -972,12 +974,15 @@ impl<S: TaskStore> Persistent<S> {
     /// Waits until everything journaled so far is in Redis (for example before a deploy), for at
     /// most `timeout`. Returns whether it got there (`false`: Redis is down or slow).
     /// With nothing journaled and no round out, that is already so: `true` at once, whatever
-    /// the timeout, also after [`shutdown`](Self::shutdown).
+    /// the timeout, also after [`shutdown`](Self::shutdown). During a
+    /// [`restore`](Self::restore), a task whose broken row the restore is dead-lettering is
+    /// journaled again only once that call returns; a store that cannot leave a rewritten row
+    /// in place (see [`TaskStore::dead_letter`]; [`RedisStore`] can) may lack it until then.
     pub fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
-        // Not while a restore runs: it may have removed a row (with a broken one it
-        // dead-letters) that it has yet to journal again.
+        // Not at once while a restore runs: it may have removed a row (with a broken one it
+        // dead-letters) that it has yet to journal again. (Two rounds do not wait for that.)
         if state.journal.ops.is_empty() && !state.journal.in_round && state.restoring == 0 {
             return true;
         }

@@ -121,6 +121,8 @@ pub enum BrokenReason {
     BadScore(String),
     /// The envelope names another id (given here) than the entry it is stored under.
     IdMismatch(String),
+    /// The id is empty (which `schedule` refuses; another client wrote it).
+    EmptyId,
 }
 
 impl fmt::Display for BrokenReason {
@@ -130,6 +132,7 @@ impl fmt::Display for BrokenReason {
             BrokenReason::Undecodable(e) => write!(f, "undecodable envelope: {e}"),
             BrokenReason::BadScore(s) => write!(f, "score {s} is not a valid due time"),
             BrokenReason::IdMismatch(other) => write!(f, "the envelope names id {other:?}"),
+            BrokenReason::EmptyId => f.write_str("the id is empty"),
         }
     }
 }
@@ -198,8 +201,9 @@ impl Rows {
         (rows, unreadable)
     }
 
-    /// Decodes the rows, sorting out those with no envelope, an undecodable one, or a due time
-    /// that is not an integer in `0..=2^53 − 1`. The stored due time is authoritative.
+    /// Decodes the rows, sorting out those with no envelope, an undecodable one, one that
+    /// names another id, an empty id, or a due time that is not an integer in
+    /// `0..=2^53 − 1`. The stored due time is authoritative.
     pub fn classify(self) -> Page {
         let mut page = Page {
             next: self.next,
@@ -215,6 +219,7 @@ impl Rows {
                 (Some(_), None) => BrokenReason::MissingEnvelope,
                 (Some(due_ms), Some(bytes)) => match Envelope::decode(bytes) {
                     Ok(env) if env.id != id => BrokenReason::IdMismatch(env.id),
+                    Ok(_) if id.is_empty() => BrokenReason::EmptyId,
                     Ok(mut env) => {
                         env.due_at = due_ms as u64;
                         page.tasks.push(env);
