@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 /// A wake-up registered on a manual clock, called after every advance; it returns whether to
 /// keep it (whether its engine still exists).
-type Wake = Box<dyn Fn() -> bool + Send + Sync>;
+type Wake = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A clock that tests move by hand, so time-dependent tests are deterministic and never sleep.
 ///
@@ -60,7 +60,16 @@ impl ManualClock {
             };
             *now = later;
         }
-        self.on_advance.lock().retain(|wake| wake());
+        // Called with the list unlocked: a wake-up may end up dropping the last reference to
+        // an engine, whose drop runs user code (values it still held), which may advance
+        // this clock or build an engine on it.
+        let wakes: Vec<Wake> = self.on_advance.lock().clone();
+        let gone: Vec<Wake> = wakes.into_iter().filter(|wake| !wake()).collect();
+        if !gone.is_empty() {
+            self.on_advance
+                .lock()
+                .retain(|wake| !gone.iter().any(|g| Arc::ptr_eq(wake, g)));
+        }
         true
     }
 
@@ -183,13 +192,38 @@ impl Ticks {
 mod tests {
     use super::*;
 
+    /// A wake-up may advance the clock itself (an engine's drop, run by a wake-up that held
+    /// its last reference, drops values whose `Drop` does): the list is not locked meanwhile.
+    #[test]
+    fn a_wake_up_may_advance_the_clock() {
+        let clock = ManualClock::new();
+        let again = clock.clone();
+        let once = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        clock.on_advance(Arc::new(move || {
+            if once.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                again.advance(Duration::from_millis(1));
+            }
+            true
+        }));
+        let start = clock.now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c = clock.clone();
+        std::thread::spawn(move || tx.send(c.advance(Duration::from_millis(1))));
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Ok(true),
+            "advance deadlocked"
+        );
+        assert_eq!(clock.now() - start, Duration::from_millis(2));
+    }
+
     #[test]
     fn wake_ups_of_dropped_engines_leave_the_clock() {
         let clock = ManualClock::new();
         let alive = Arc::new(());
         let weak = Arc::downgrade(&alive);
-        clock.on_advance(Box::new(move || weak.upgrade().is_some()));
-        clock.on_advance(Box::new(|| false));
+        clock.on_advance(Arc::new(move || weak.upgrade().is_some()));
+        clock.on_advance(Arc::new(|| false));
         assert!(clock.advance(Duration::from_millis(1)));
         assert_eq!(clock.on_advance.lock().len(), 1);
         drop(alive);
@@ -245,7 +279,7 @@ mod tests {
         let t0 = c.now();
         let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let h = hits.clone();
-        c.on_advance(Box::new(move || {
+        c.on_advance(Arc::new(move || {
             h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             true
         }));

@@ -722,8 +722,10 @@ impl<T> Timer<T> {
     /// other callbacks may still run. Called from the driver thread
     /// itself (a waker run by a `Sleeper`'s or a stream's delivery), it returns at once, and
     /// the turn in progress delivers the rest of what it had collected; what it cannot hand
-    /// over waits for the next call (or is dropped with the engine, with a warning). A call
-    /// made while another is still waiting for the callback workers waits for them too.
+    /// over waits for the next call (or is dropped with the engine, with a warning). Such a
+    /// call does not close the delivery either: an `ExpirationStream`
+    /// or a channel's receiver ends at the next call, or once the last handle is dropped. A
+    /// call made while another is still waiting for the callback workers waits for them too.
     ///
     /// Two engines whose deliveries each call the other's `shutdown` (a callback or waker of
     /// one stopping the other, both at once) wait for each other's driver for ever: stop
@@ -900,7 +902,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
             if let Clock::Manual(clock) = &self.clock {
                 let weak = Arc::downgrade(&core);
                 // Dropped from the clock's list once the engine is gone.
-                clock.on_advance(Box::new(move || {
+                clock.on_advance(Arc::new(move || {
                     weak.upgrade().map(|core| core.wake_driver()).is_some()
                 }));
             }

@@ -410,9 +410,10 @@ impl<T> Wheel<T> {
     ///
     /// It is exact when the earliest timer is on the lowest level (due within the current
     /// rotation of `slots_per_level` ticks), and otherwise the start of the slot that holds it;
-    /// with only overflow timers pending, the start of the earliest one's epoch, or earlier
-    /// after a cancel there (the tier's minimum is a lower bound until its next rescan).
-    /// It is read from the per-level occupancy bitmaps: O(levels), no scan of slots.
+    /// with only overflow timers pending, the earliest one's deadline, or earlier after a
+    /// cancel there (the tier's minimum is a lower bound until its next rescan).
+    /// It is read from the per-level occupancy bitmaps (O(levels × slots_per_level / 64)
+    /// words), with no scan of slots.
     pub fn next_deadline(&self) -> Option<u64> {
         let earliest = if self.ready_heap {
             self.ready.first()
