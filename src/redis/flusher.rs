@@ -6,7 +6,7 @@
 //! lives with the index under one mutex (`Inner::state`), and encoding and writing happen
 //! outside it.
 
-use std::collections::hash_map::Entry as MapEntry;
+use hashbrown::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -168,9 +168,9 @@ fn resolve(inner: &Inner, changes: &[(TaskKey, Change)]) -> Vec<Op> {
         changes
             .iter()
             .filter_map(|(id, change)| match change {
-                Change::Upsert(_) => state.index.get_mut(id).map(|entry| {
+                Change::Upsert(_) => state.index.get_key_value_mut(id).map(|(key, entry)| {
                     entry.persisted = true;
-                    Ok(entry.envelope.clone())
+                    Ok(key.envelope().clone())
                 }),
                 Change::Remove(_) => Some(Err(id)),
             })
@@ -245,10 +245,10 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
         journal.snapshot_wanted = false;
         journal.snapshot_rounds += 1;
         let all = index
-            .values_mut()
-            .map(|entry| {
+            .iter_mut()
+            .map(|(key, entry)| {
                 entry.persisted = true;
-                entry.envelope.clone()
+                key.envelope().clone()
             })
             .collect();
         journal.in_round = true;
@@ -492,8 +492,8 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         // was to remove (a task scheduled again since did not see that removal
                         // in the journal): a cancel of the task now held must reach Redis,
                         // whether or not a newer change to it is journaled.
-                        let mut held = index.get_mut(id);
-                        if let Some(entry) = held.as_deref_mut() {
+                        let mut held = index.get_key_value_mut(id);
+                        if let Some((_, entry)) = held.as_mut() {
                             entry.persisted = true;
                         }
                         if journal.ops.contains_key(id) {
@@ -502,10 +502,8 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         // Tried again: a write as the task's current version, or a removal
                         // (also of a write whose task is gone since).
                         match held {
-                            Some(entry) if upsert => {
-                                let due_at = entry.envelope.due_at;
-                                journal
-                                    .record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
+                            Some((key, _)) if upsert => {
+                                journal.record(key.clone(), Change::Upsert(key.envelope().due_at));
                             }
                             _ => journal.record_removal(id, due_hint),
                         }

@@ -19,9 +19,10 @@
 //!   not (up to `journal_bound`).
 //!   `WriteThrough` makes `schedule` return only once Redis has acknowledged it.
 
-use std::collections::hash_map::Entry as MapEntry;
-use std::collections::HashMap;
+use hashbrown::hash_map::RawEntryMut;
+use hashbrown::HashMap;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
@@ -233,8 +234,9 @@ pub struct RestoreReport {
     pub overdue: usize,
 }
 
+/// A task held in the index. Its envelope is its key ([`TaskKey`]): the index's key is always
+/// the current version (a replacement removes the old key with its entry).
 pub(super) struct Entry {
-    pub(super) envelope: Arc<Envelope>,
     /// `None` once fired (waiting for `ack`).
     pub(super) timer: Option<TimerId>,
     /// Whether Redis may hold some version of this task: set when the flusher reads an upsert
@@ -271,6 +273,11 @@ impl TaskKey {
 
     pub(super) fn id(&self) -> &str {
         &self.0.id
+    }
+
+    /// The envelope: in the index, the task's current version.
+    pub(super) fn envelope(&self) -> &Arc<Envelope> {
+        &self.0
     }
 }
 
@@ -594,7 +601,6 @@ impl<S: TaskStore> Persistent<S> {
         }
         // Allocated before the lock is taken.
         let envelope = Arc::new(envelope);
-        let id = TaskKey::of(&envelope);
         // WriteThrough's whole wait (for room, then for Redis) ends here, if it has a timeout.
         let deadline = match self.inner.cfg.durability {
             Durability::WriteThrough => self
@@ -613,46 +619,51 @@ impl<S: TaskStore> Persistent<S> {
         }
         // Against the anchor the flusher refreshes, after any wait for room: time spent
         // waiting does not make the task late.
-        let Some(timer) = self.arm(id.clone(), &state.anchor, envelope.due_at, Duration::ZERO)
-        else {
+        let Some(timer) = self.arm(
+            TaskKey::of(&envelope),
+            &state.anchor,
+            envelope.due_at,
+            Duration::ZERO,
+        ) else {
             return Err(PersistError::Shutdown(unshare(envelope)));
         };
         // WriteThrough names the task if Redis does not confirm it in time.
         let kept =
-            (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.clone());
+            (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.id.clone());
+        let due_at = envelope.due_at;
+        // The index takes this reference: the timer and the journal hold the other two.
+        let id = TaskKey(envelope);
         let State { index, journal, .. } = &mut *state;
         // Redis may hold a version of this id: the one this replaces, or an earlier one
         // whose removal is still in the journal. One lookup records the upsert and reads
         // what it replaces.
-        let replaced = journal.record(id.clone(), Change::Upsert(envelope.due_at));
+        let replaced = journal.record(id.clone(), Change::Upsert(due_at));
         let stored = matches!(replaced, Some(Change::Remove(_)));
         let entry = Entry {
-            envelope,
             timer: Some(timer),
             persisted: stored,
         };
-        match index.entry(id) {
-            MapEntry::Vacant(slot) => {
-                slot.insert(entry);
+        let hash = index.hasher().hash_one(id.id());
+        match index.raw_entry_mut().from_key_hashed_nocheck(hash, id.id()) {
+            RawEntryMut::Vacant(slot) => {
+                slot.insert_hashed_nocheck(hash, id, entry);
             }
-            MapEntry::Occupied(slot) => {
-                // Replaced with its key, which is the old envelope: keeping it would keep the
-                // old payload alive as long as the task.
-                let mut entry = entry;
-                let old = slot.remove();
+            RawEntryMut::Occupied(mut slot) => {
+                if replaced.is_some() {
+                    // The journal kept the key of its first change to the id: an older version.
+                    journal.rekey(id.clone());
+                }
+                // The old key is the old envelope: swapped out, so that nothing keeps the old
+                // payload alive as long as the task.
+                slot.insert_key(id);
+                let old = slot.insert(entry);
                 if let Some(t) = old.timer {
                     self.timer.cancel(t);
                 }
-                entry.persisted |= old.persisted;
-                let key = TaskKey::of(&entry.envelope);
-                if replaced.is_some() {
-                    // The journal kept the key of its first change to the id: an older version.
-                    journal.rekey(key.clone());
-                }
-                index.insert(key, entry);
+                slot.get_mut().persisted |= old.persisted;
             }
         }
-        if let Some(envelope) = kept {
+        if let Some(id) = kept {
             // The round in progress may have taken its changes before this one: wait (the wait
             // releases the lock) for the round after it.
             let round = journal.flushed;
@@ -660,7 +671,7 @@ impl<S: TaskStore> Persistent<S> {
                 // Also when a shutdown ended the wait: the task was taken, and the shutdown's
                 // final round writes it or hands it back (its list of unwritten tasks). Handing
                 // it back here too would hand it back twice.
-                return Err(PersistError::Unconfirmed(envelope.id.clone()));
+                return Err(PersistError::Unconfirmed(id));
             }
         }
         Ok(())
@@ -751,7 +762,8 @@ impl<S: TaskStore> Persistent<S> {
         // Before a restore has completed, the store may hold a version of this id from a
         // previous process, which a restore would load: the removal is written either way.
         let persisted = entry.persisted || !state.restored;
-        state.journal.remove(id, persisted, entry.envelope.due_at);
+        let due_at = id.envelope().due_at;
+        state.journal.remove(id, persisted, due_at);
         true
     }
 
@@ -768,22 +780,26 @@ impl<S: TaskStore> Persistent<S> {
     pub fn ack(&self, task: &Envelope) -> bool {
         let mut state = self.inner.state.lock();
         // The cheap fields first: a payload can be 64 KiB, compared under the lock.
-        let fired = |e: &Entry| {
-            let held = &*e.envelope;
+        let fired = |(key, e): (&TaskKey, &Entry)| {
+            let held = &**key.envelope();
             e.timer.is_none()
                 && (held.due_at, held.created_at, held.attempt)
                     == (task.due_at, task.created_at, task.attempt)
                 && held == task
         };
-        if self.inner.stopping.load(SeqCst) || !state.index.get(task.id.as_str()).is_some_and(fired)
+        if self.inner.stopping.load(SeqCst)
+            || !state
+                .index
+                .get_key_value(task.id.as_str())
+                .is_some_and(fired)
         {
             return false;
         }
-        let Some((id, entry)) = state.index.remove_entry(task.id.as_str()) else {
+        let Some((id, _)) = state.index.remove_entry(task.id.as_str()) else {
             return false;
         };
         state.mark_gone(&id);
-        state.journal.record_removal(id.id(), entry.envelope.due_at);
+        state.journal.record_removal(id.id(), id.envelope().due_at);
         true
     }
 
@@ -895,10 +911,9 @@ impl<S: TaskStore> Persistent<S> {
                     let mut state = self.inner.state.lock();
                     let State { index, journal, .. } = &mut *state;
                     for b in &page.broken {
-                        if let Some(entry) = index.get_mut(b.id.as_str()) {
+                        if let Some((key, entry)) = index.get_key_value_mut(b.id.as_str()) {
                             entry.persisted = true;
-                            let due_at = entry.envelope.due_at;
-                            journal.record(TaskKey::of(&entry.envelope), Change::Upsert(due_at));
+                            journal.record(key.clone(), Change::Upsert(key.envelope().due_at));
                         }
                     }
                 }
@@ -938,8 +953,7 @@ impl<S: TaskStore> Persistent<S> {
                     }
                 };
                 let due = envelope.due_at.max(now);
-                let envelope = Arc::new(envelope);
-                let id = TaskKey::of(&envelope);
+                let id = TaskKey(Arc::new(envelope));
                 let Some(timer) = self.arm(id.clone(), &anchor, due, extra) else {
                     // A stored task: it stays in the store.
                     return Err(PersistError::Stopped);
@@ -947,7 +961,6 @@ impl<S: TaskStore> Persistent<S> {
                 state.index.insert(
                     id,
                     Entry {
-                        envelope,
                         timer: Some(timer),
                         persisted: true,
                     },
@@ -1103,8 +1116,10 @@ impl<S: TaskStore> Persistent<S> {
             let mut unwritten = Vec::new();
             let mut removals = 0usize;
             for (key, change) in &state.journal.ops {
-                match (change, state.index.get(key.id())) {
-                    (Change::Upsert(_), Some(entry)) => unwritten.push((*entry.envelope).clone()),
+                match (change, state.index.get_key_value(key.id())) {
+                    (Change::Upsert(_), Some((held, _))) => {
+                        unwritten.push((**held.envelope()).clone())
+                    }
                     _ => removals += 1,
                 }
             }
@@ -1149,10 +1164,10 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str, fired: TimerId) {
     }
     let shared = {
         let mut state = inner.state.lock();
-        match state.index.get_mut(id) {
-            Some(entry) if entry.timer == Some(fired) => {
+        match state.index.get_key_value_mut(id) {
+            Some((key, entry)) if entry.timer == Some(fired) => {
                 entry.timer = None;
-                entry.envelope.clone()
+                key.envelope().clone()
             }
             // Replaced (it has a newer timer) or cancelled after this timer was taken out:
             // nothing to deliver.
@@ -1310,8 +1325,8 @@ mod tests {
         let far = now_ms() + 3_600_000;
         let key_of = |p: &Persistent<Accept>| {
             let state = p.inner.state.lock();
-            let (key, entry) = state.index.get_key_value("a").unwrap();
-            assert!(Arc::ptr_eq(&key.0, &entry.envelope));
+            let (key, _) = state.index.get_key_value("a").unwrap();
+            assert_eq!(state.index.len(), 1);
             key.0.clone()
         };
         p.schedule("a", "t", serde_json::json!(1), far).unwrap();
