@@ -639,3 +639,97 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
         "the marker is in the namespace's slot"
     );
 }
+
+/// A namespace whose slot moves to another node (resharding) keeps being flushed: the flusher's
+/// MULTI goes to the new owner. The old node refuses it whole (EXECABORT), and the cluster
+/// client learned nothing from that, so the flusher sent it to the old node for ever: flushes
+/// failed and the journal filled up.
+#[test]
+fn a_flush_follows_its_namespace_to_another_node() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let mut cfg = PersistConfig::new("redis://not-used.invalid/", "moving");
+    cfg.cluster_nodes = urls.clone();
+    let (engine, _fired) = Persistent::start(cfg).unwrap();
+    engine.restore(1_000).unwrap();
+    let far = now_ms() + 3_600_000;
+    engine
+        .schedule("before", "job", serde_json::Value::Null, far)
+        .unwrap();
+    assert!(engine.flush(PATIENCE), "flush before the move");
+    let conn = |n: usize| {
+        redis::Client::open(urls[n].as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+    // The node that owns the slot answers a plain EXISTS; the others answer MOVED.
+    let from = (0..urls.len())
+        .find(|&n| {
+            redis::cmd("EXISTS")
+                .arg("{moving}:due")
+                .query::<u64>(&mut conn(n))
+                .is_ok()
+        })
+        .unwrap();
+    let to = (from + 1) % urls.len();
+    let myid = |n: usize| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut conn(n))
+            .unwrap()
+    };
+    let (from_id, to_id) = (myid(from), myid(to));
+    let slot: u64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("{moving}:due")
+        .query(&mut conn(from))
+        .unwrap();
+    let setslot = |n: usize, args: &[&str]| {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(args)
+            .query::<()>(&mut conn(n))
+            .unwrap()
+    };
+    // The documented resharding steps: import, migrate every key, assign.
+    setslot(to, &["IMPORTING", &from_id]);
+    setslot(from, &["MIGRATING", &to_id]);
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut conn(from))
+        .unwrap();
+    assert!(keys.len() >= 2, "the namespace's keys: {keys:?}");
+    let to_port = urls[to]
+        .trim_start_matches("redis://127.0.0.1:")
+        .trim_end_matches('/')
+        .to_owned();
+    redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(&to_port)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query::<()>(&mut conn(from))
+        .unwrap();
+    for n in 0..urls.len() {
+        setslot(n, &["NODE", &to_id]);
+    }
+    engine
+        .schedule("after", "job", serde_json::Value::Null, far)
+        .unwrap();
+    assert!(engine.flush(PATIENCE), "flush after the move");
+    let held: Vec<String> = redis::cmd("ZRANGE")
+        .arg("{moving}:due")
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn(to))
+        .unwrap();
+    assert_eq!(held, ["after", "before"]); // same score: by member
+    engine.shutdown();
+}

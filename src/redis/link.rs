@@ -130,8 +130,28 @@ impl redis::aio::ConnectionLike for Link {
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
         match self {
             Link::Node(c) => c.req_packed_commands(pipeline, offset, count),
-            // Not sent again by `Link`, even when refused: part of it may have run.
-            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            // A plain pipeline is never sent again: part of it may have run. A MULTI refused
+            // whole (EXECABORT, every queued command refused as `not_run` says) ran nothing,
+            // but the cluster client does not learn a moved slot from it, and would send it to
+            // the old node for ever: a single command on its first key does (its MOVED makes
+            // the client rebuild its slot map), then the MULTI goes again.
+            Link::Cluster(c) => Box::pin(async move {
+                let mut sent = 0;
+                loop {
+                    match c.req_packed_commands(pipeline, offset, count).await {
+                        Err(e) if sent < RETRIES && discarded(&e) => {
+                            sent += 1;
+                            tracing::debug!(error = %e, "cluster refused a transaction; sending it again");
+                            if let Some(key) = first_key(pipeline) {
+                                let probe = redis::cmd("EXISTS").arg(key).clone();
+                                let _ = c.req_packed_command(&probe).await;
+                            }
+                            tokio::time::sleep(MAX_RETRY_WAIT / 4 * sent).await;
+                        }
+                        reply => return reply,
+                    }
+                }
+            }),
         }
     }
 
@@ -157,6 +177,34 @@ fn not_run(e: &redis::RedisError) -> bool {
         e.retry_method(),
         MovedRedirect | WaitAndRetry | RefreshSlotsAndRetry | ReconnectFromInitialConnections
     )
+}
+
+/// Whether `e` is a MULTI that Redis discarded whole, every queued command refused with a
+/// code that says it did not run (`MOVED`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
+/// `LOADING`, `READONLY`): nothing of it ran.
+fn discarded(e: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind::*;
+    e.kind() == redis::ErrorKind::Server(ExecAbort)
+        && e.clone().into_server_errors().is_some_and(|errors| {
+            !errors.is_empty()
+                && errors.iter().all(|(_, err)| {
+                    matches!(
+                        err.kind(),
+                        Some(Moved | TryAgain | ClusterDown | MasterDown | BusyLoading | ReadOnly)
+                    )
+                })
+        })
+}
+
+/// The first key of a pipeline: the first argument after the name of its first command that
+/// has one (MULTI has none).
+fn first_key(pipeline: &redis::Pipeline) -> Option<Vec<u8>> {
+    pipeline
+        .cmd_iter()
+        .find_map(|cmd| match cmd.args_iter().nth(1) {
+            Some(redis::Arg::Simple(key)) => Some(key.to_vec()),
+            _ => None,
+        })
 }
 
 /// The role names a namespace's `{ns}:kind` key holds.
