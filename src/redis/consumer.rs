@@ -1337,15 +1337,21 @@ fn finished(
                     batch.len()
                 }
                 failed => {
+                    // A task that panicked: whether its call went out is not known.
+                    let mut ran = true;
                     if let Some(Done::Acks(Err(e))) = failed {
                         tracing::debug!(error = %e, shard, "ack failed; kept for the next round");
+                        ran = super::link::may_have_run(&e);
                     }
                     // The task has ended, so this is the last reference.
                     let batch = Arc::try_unwrap(batch).unwrap_or_else(|b| (*b).clone());
-                    // Sent again: the failed call may have run (a reply lost).
-                    outbox
-                        .acks
-                        .extend(batch.into_iter().map(|(id, owner, _)| (id, owner, true)));
+                    // Sent again, marked as such if the failed call may have run (its reply
+                    // lost) and was not marked before.
+                    outbox.acks.extend(
+                        batch
+                            .into_iter()
+                            .map(|(id, owner, again)| (id, owner, again || ran)),
+                    );
                     0
                 }
             }
@@ -1372,7 +1378,8 @@ async fn send_acks(shared: Arc<Shared>, shard: u32, batch: Arc<Vec<PendingAck>>)
     inv.key(keys.lease())
         .key(keys.owner())
         .key(keys.tasks())
-        .key(keys.expired());
+        .key(keys.expired())
+        .key(keys.dead());
     for (id, owner, again) in batch.iter() {
         inv.arg(id.as_str()).arg(&**owner).arg(u8::from(*again));
     }

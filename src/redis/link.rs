@@ -179,6 +179,13 @@ fn not_run(e: &redis::RedisError) -> bool {
     )
 }
 
+/// Whether a command that failed with `e` may have run all the same: an I/O error (a reply
+/// that timed out, a connection that dropped after the command went out), not a refused
+/// connection, nor an answer from Redis.
+pub(crate) fn may_have_run(e: &redis::RedisError) -> bool {
+    e.is_io_error() && !e.is_connection_refusal()
+}
+
 /// Whether `e` is a MULTI that Redis discarded whole, every queued command refused with a
 /// code that says it did not run (`MOVED`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
 /// `LOADING`, `READONLY`): nothing of it ran.
@@ -280,4 +287,24 @@ fn wrong_type(e: &redis::RedisError) -> bool {
         || e.clone()
             .into_server_errors()
             .is_some_and(|errors| errors.iter().any(|(_, err)| err.code() == "WRONGTYPE"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    /// Only an error on a connection that was made may hide a command that ran.
+    #[test]
+    fn which_failures_may_have_run() {
+        let io = |kind: ErrorKind| redis::RedisError::from(Error::new(kind, "test"));
+        assert!(may_have_run(&io(ErrorKind::TimedOut)));
+        assert!(may_have_run(&io(ErrorKind::ConnectionReset)));
+        assert!(may_have_run(&io(ErrorKind::UnexpectedEof)));
+        assert!(!may_have_run(&io(ErrorKind::ConnectionRefused)));
+        let refused = redis::RedisError::from((redis::ErrorKind::Client, "test"));
+        assert!(!may_have_run(&refused));
+        assert!(!not_run(&io(ErrorKind::TimedOut)));
+        assert!(!not_run(&refused));
+    }
 }

@@ -171,12 +171,13 @@ return n
     ))
 });
 
-/// KEYS: lease, owner, tasks, expired. ARGV: id1, owner1, again1, id2, ... Removes each task
-/// whose owner still matches; returns per task 1 (removed), 0 (refused: the lease was taken
-/// over, or ran out and the task is queued again), or, for an ack sent again (`again` = 1)
-/// after a call that failed, 2 if the task is gone and held by no one: most likely that call
-/// ran and only its reply was lost. (Another consumer's takeover and ack in between would
-/// read the same; without a failed call before, that is what it reads as: 0.)
+/// KEYS: lease, owner, tasks, expired, dead. ARGV: id1, owner1, again1, id2, ... Removes each
+/// task whose owner still matches; returns per task 1 (removed), 0 (refused: the lease was
+/// taken over, or ran out and the task is queued again or dead-lettered), or, for an ack sent
+/// again (`again` = 1) after a call that may have run, 2 if the task is gone, held by no one
+/// and not dead-lettered: most likely that call ran and only its reply was lost. (Another
+/// consumer's takeover and ack in between, or a producer's cancel, would read the same;
+/// without such a call before, they read as 0.)
 pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -188,7 +189,7 @@ for i = 1, #ARGV, 3 do
     redis.call('HDEL', KEYS[3], ARGV[i])
     redis.call('HDEL', KEYS[4], ARGV[i])
     out[#out + 1] = 1
-  elseif ARGV[i + 2] == '1' and redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
+  elseif ARGV[i + 2] == '1' and redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[5], ARGV[i]) == 0 then
     out[#out + 1] = 2
   else
     out[#out + 1] = 0
@@ -474,6 +475,7 @@ mod tests {
                 .key(k.owner())
                 .key(k.tasks())
                 .key(k.expired())
+                .key(k.dead())
                 .arg(id)
                 .arg(&claimed[id])
                 .arg(u8::from(again))
@@ -537,6 +539,17 @@ mod tests {
             .query::<()>(&mut conn)
             .unwrap();
         assert_eq!(retry(&mut conn), 0, "the task moved on: refused");
+        // Its lease runs out again and the reaper dead-letters it: a resent ack is refused,
+        // as the task did not end acknowledged.
+        // ("late" was claimed again with "r" above.)
+        redis::cmd("ZADD")
+            .arg(k.lease())
+            .arg(0)
+            .arg("late")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(reap(&mut conn, &k, 1), (0, 1));
+        assert_eq!(ack(&mut conn, "late", true), [0], "a dead-lettered task");
     }
 
     /// A claim called again with its nonce (its reply was lost) answers the same batch, as
@@ -776,6 +789,7 @@ mod tests {
             .key(k.owner())
             .key(k.tasks())
             .key(k.expired())
+            .key(k.dead())
             .arg(&fine.0)
             .arg(&fine.1)
             .arg(0)
