@@ -458,3 +458,35 @@ fn connecting_on_a_runtime_without_time_or_io_is_an_error_not_a_panic() {
         assert!(store.is_err(), "{missing}");
     }
 }
+
+/// A restore's read that fails on a dropped connection is sent again: one failed step must not
+/// end a restore (reads are safe to repeat).
+#[tokio::test]
+async fn a_read_on_a_dropped_connection_is_sent_again() {
+    let server = RedisServer::start();
+    let store = connect(&server, "dropped").await;
+    let tasks: Vec<Envelope> = (0..300u64)
+        .map(|i| envelope(&format!("k{i:03}"), i))
+        .collect();
+    store
+        .apply(&tasks.iter().map(upsert).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let mut conn = raw(&server.url()).await;
+    for _ in 0..3 {
+        // Every client but this one loses its connection: the store's next read fails on it.
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(killed >= 1, "the store's connection was not killed");
+        let (read, broken) = all(&store).await;
+        assert_eq!(read, tasks);
+        assert!(broken.is_empty());
+    }
+}

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -253,6 +254,9 @@ pub struct Page {
 /// Redis command runs whole while other clients wait, and Redis refuses a `COUNT` past
 /// `i64::MAX`.
 pub const MAX_PAGE: usize = 100_000;
+
+/// How many times a restore's read is sent before its error is returned.
+const READ_TRIES: u32 = 4;
 
 /// Pending tasks of one namespace in Redis, on one node or a Redis Cluster. Cheap to clone
 /// (one multiplexed connection that reconnects by itself).
@@ -518,25 +522,43 @@ impl RedisStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = self.conn.clone();
-        Ok(redis::cmd("HMGET")
-            .arg(self.keys.tasks())
-            .arg(ids)
-            .query_async(&mut conn)
-            .await?)
+        self.read(redis::cmd("HMGET").arg(self.keys.tasks()).arg(ids))
+            .await
     }
 
     /// One ZSCAN step of the due ZSET, of about `count` entries (at least 1, at most
     /// [`MAX_PAGE`]).
     async fn scan(&self, cursor: u64, count: usize) -> Result<Scan, StoreError> {
-        let mut conn = self.conn.clone();
-        Ok(redis::cmd("ZSCAN")
-            .arg(self.keys.due())
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(count.clamp(1, MAX_PAGE))
-            .query_async(&mut conn)
-            .await?)
+        self.read(
+            redis::cmd("ZSCAN")
+                .arg(self.keys.due())
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(count.clamp(1, MAX_PAGE)),
+        )
+        .await
+    }
+
+    /// Sends a read, and sends it again (up to [`READ_TRIES`] in all, a little apart) while
+    /// it fails with an error a retry can get past: a dropped connection, a timeout, a cluster
+    /// refusing it while it reconfigures. A read can run twice without harm, and one failed
+    /// step must not end a restore of a million rows.
+    async fn read<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let mut tries = 1;
+        loop {
+            let mut conn = self.conn.clone();
+            match cmd.query_async(&mut conn).await {
+                Err(e)
+                    if tries < READ_TRIES
+                        && !matches!(e.retry_method(), redis::RetryMethod::NoRetry) =>
+                {
+                    tracing::debug!(error = %e, "a read failed; sending it again");
+                    tokio::time::sleep(Duration::from_millis(50) * tries).await;
+                    tries += 1;
+                }
+                reply => return Ok(reply?),
+            }
+        }
     }
 
     /// Moves broken entries to the dead-letter hash with their reason, the raw bytes and the
