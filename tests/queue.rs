@@ -1019,6 +1019,44 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// The hand-back at shutdown tries again after a dropped connection: the tasks go back to
+/// the queue at once, not after their leases. (A failed call ended its shard's hand-back.)
+#[test]
+fn a_hand_back_survives_a_dropped_connection() {
+    let Fixture { server, rt, cfg, p } = fixture("handback-drop", |cfg| {
+        cfg.lookahead = Duration::from_secs(30);
+    });
+    let fired: Fired = Arc::default();
+    let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    let due = now_ms() + 20_000;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..50).map(|i| (format!("d{i}"), due)).collect(),
+    );
+    wait_until("A to claim", || a.held() == 50);
+    // Every client but this one loses its connection: A's next command fails on it.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut conn)
+        .unwrap();
+    assert!(killed >= 1);
+    assert_eq!(a.shutdown(Duration::from_secs(5)).unwrap(), 50);
+    // (The producer lost its connection too: a new one.)
+    let depth = rt.block_on(producer(&rt, &cfg).depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (50, 0));
+    drop(p);
+}
+
 #[test]
 fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
     let Fixture { server, rt, cfg, p } = fixture("big", |cfg| {

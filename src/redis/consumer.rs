@@ -517,8 +517,9 @@ impl Consumer {
     }
 
     /// Hands claimed tasks `(shard, id, owner, due)` back to the queue, [`PER_CALL`] per
-    /// script call, each call given until `deadline` (at least [`GIVE_BACK_FLOOR`]). The shards
-    /// go at once, each on its own: after a failure a shard stops (its other tasks are returned
+    /// script call, each call given until `deadline` (at least [`GIVE_BACK_FLOOR`]), and tried
+    /// again until then after an error a retry can get past. The shards go at once, each on
+    /// its own: after a lasting failure a shard stops (its other tasks are returned
     /// by a reaper after their lease), and the others go on. Returns how many were handed back,
     /// and the first failure.
     fn give_back(
@@ -548,13 +549,30 @@ impl Consumer {
                     for (id, owner, due) in chunk {
                         inv.arg(id.as_str()).arg(&**owner).arg(*due);
                     }
-                    let left = remaining(deadline).max(GIVE_BACK_FLOOR);
-                    match tokio::time::timeout(left, shared.conn.run::<u64>(&inv)).await {
-                        Ok(Ok(n)) => given += n as usize,
-                        Ok(Err(e)) => return (given, Some(StoreError::from(e))),
-                        Err(_) => {
-                            let e = "redis did not answer before the shutdown timeout";
-                            return (given, Some(StoreError::new(e)));
+                    // Tried again while the error is one a retry can get past (a dropped
+                    // connection, a cluster reconfiguring) and time is left: the script checks
+                    // each owner, so a second run of a call that ran hands nothing back twice.
+                    let mut wait = Duration::from_millis(20);
+                    loop {
+                        let left = remaining(deadline).max(GIVE_BACK_FLOOR);
+                        match tokio::time::timeout(left, shared.conn.run::<u64>(&inv)).await {
+                            Ok(Ok(n)) => {
+                                given += n as usize;
+                                break;
+                            }
+                            Ok(Err(e))
+                                if !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+                                    && remaining(deadline) > wait =>
+                            {
+                                tracing::debug!(error = %e, shard, "hand-back failed; trying again");
+                                tokio::time::sleep(wait).await;
+                                wait = (wait * 2).min(Duration::from_millis(200));
+                            }
+                            Ok(Err(e)) => return (given, Some(StoreError::from(e))),
+                            Err(_) => {
+                                let e = "redis did not answer before the shutdown timeout";
+                                return (given, Some(StoreError::new(e)));
+                            }
                         }
                     }
                 }

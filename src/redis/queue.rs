@@ -323,7 +323,8 @@ pub enum QueueError {
     /// Redis refused or failed an enqueue: the envelope is handed back. The task may be queued
     /// all the same (a reply lost after the write). Enqueueing it again without `replace` is
     /// safe: it then returns `Ok(false)` if the first write landed. With `replace`, a copy a
-    /// consumer claimed meanwhile would fire as well.
+    /// consumer claimed meanwhile would fire as well. On a Redis Cluster it also comes back
+    /// while the shard's slot migrates to another node (`ASK` is not followed): enqueue again.
     NotEnqueued(StoreError, Box<Envelope>),
     /// A dead-lettered entry is not a task envelope, so it cannot be requeued.
     NotAnEnvelope(String),
