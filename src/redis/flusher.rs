@@ -6,7 +6,9 @@
 //! lives with the index under one mutex (`Inner::state`), and encoding and writing happen
 //! outside it.
 
-use hashbrown::hash_map::Entry as MapEntry;
+use std::hash::BuildHasher;
+
+use hashbrown::hash_map::{Entry as MapEntry, RawEntryMut};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -102,6 +104,26 @@ impl Journal {
         self.ops.insert(id, change)
     }
 
+    /// [`record`](Self::record), given the id's hash (the journal and the index hash alike).
+    pub(super) fn record_hashed(&mut self, hash: u64, id: TaskKey, change: Change) -> Option<Change> {
+        self.changed();
+        debug_assert_eq!(hash, self.ops.hasher().hash_one(id.id()));
+        match self.ops.raw_entry_mut().from_key_hashed_nocheck(hash, id.id()) {
+            RawEntryMut::Occupied(mut slot) => Some(slot.insert(change)),
+            RawEntryMut::Vacant(slot) => {
+                slot.insert_hashed_nocheck(hash, id, change);
+                None
+            }
+        }
+    }
+
+    /// Takes the journaled changes, leaving an empty map that hashes as this one did (as the
+    /// index does).
+    pub(super) fn take_ops(&mut self) -> Ids<Change> {
+        let empty = Ids::with_hasher(self.ops.hasher().clone());
+        std::mem::replace(&mut self.ops, empty)
+    }
+
     /// Keys the change journaled for `key`'s id by `key` (a task's new version), so that it no
     /// longer keeps the version it was first journaled with alive (payloads can be 64 KiB).
     /// Only on a replacement: `record` keeps a key it finds, and re-keying every call would
@@ -123,18 +145,16 @@ impl Journal {
     /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
     /// window, it costs no Redis command at all. (Before a restore has completed the caller
     /// passes `persisted`: Redis may hold an older version of the id.)
-    pub(super) fn remove(&mut self, id: TaskKey, persisted: bool, due_at: u64) {
-        match self.ops.entry(id) {
-            MapEntry::Occupied(slot) if !persisted && matches!(slot.get(), Change::Upsert(_)) => {
+    /// `hash` is the id's hash (the journal and the index hash alike).
+    pub(super) fn remove(&mut self, hash: u64, id: TaskKey, persisted: bool, due_at: u64) {
+        debug_assert_eq!(hash, self.ops.hasher().hash_one(id.id()));
+        match self.ops.raw_entry_mut().from_key_hashed_nocheck(hash, id.id()) {
+            RawEntryMut::Occupied(slot)
+                if !persisted && matches!(slot.get(), Change::Upsert(_)) =>
+            {
                 slot.remove();
             }
-            slot => {
-                let key = match slot {
-                    MapEntry::Occupied(slot) => slot.remove_entry().0,
-                    MapEntry::Vacant(slot) => slot.into_key(),
-                };
-                self.record_removal(key.id(), due_at);
-            }
+            _ => self.record_removal(id.id(), due_at),
         }
     }
 
@@ -255,7 +275,7 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
         journal.taken = journal.ops.len();
         return Round::Snapshot(
             all,
-            std::mem::take(&mut journal.ops),
+            journal.take_ops(),
             journal.oldest.take(),
             journal.snapshot_rounds,
         );
@@ -270,11 +290,7 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
         (probe, None, false)
     } else {
         // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
-        (
-            std::mem::take(&mut journal.ops),
-            journal.oldest.take(),
-            true,
-        )
+        (journal.take_ops(), journal.oldest.take(), true)
     };
     if *restoring > 0 {
         // The removals this round takes leave the journal before they reach the store: a

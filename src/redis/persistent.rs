@@ -511,15 +511,20 @@ impl<S: TaskStore> Persistent<S> {
         .map_err(PersistError::InUse)?;
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound);
         let anchor = cfg.clock.anchor();
+        // The index and the journal hash alike (one seed), so that a call hashes its id once.
+        let hasher = foldhash::fast::RandomState::default();
         let inner = Arc::new(Inner {
             cfg,
             state: Mutex::new(State {
                 anchor,
-                index: Ids::default(),
+                index: Ids::with_hasher(hasher.clone()),
                 restoring: 0,
                 restored: false,
                 gone: Ids::default(),
-                journal: Journal::default(),
+                journal: Journal {
+                    ops: Ids::with_hasher(hasher),
+                    ..Journal::default()
+                },
             }),
             flushed: Condvar::new(),
             kick: Condvar::new(),
@@ -634,16 +639,16 @@ impl<S: TaskStore> Persistent<S> {
         // The index takes this reference: the timer and the journal hold the other two.
         let id = TaskKey(envelope);
         let State { index, journal, .. } = &mut *state;
+        let hash = index.hasher().hash_one(id.id());
         // Redis may hold a version of this id: the one this replaces, or an earlier one
         // whose removal is still in the journal. One lookup records the upsert and reads
         // what it replaces.
-        let replaced = journal.record(id.clone(), Change::Upsert(due_at));
+        let replaced = journal.record_hashed(hash, id.clone(), Change::Upsert(due_at));
         let stored = matches!(replaced, Some(Change::Remove(_)));
         let entry = Entry {
             timer: Some(timer),
             persisted: stored,
         };
-        let hash = index.hasher().hash_one(id.id());
         match index.raw_entry_mut().from_key_hashed_nocheck(hash, id.id()) {
             RawEntryMut::Vacant(slot) => {
                 slot.insert_hashed_nocheck(hash, id, entry);
@@ -744,26 +749,31 @@ impl<S: TaskStore> Persistent<S> {
         if self.inner.stopping.load(SeqCst) {
             return false; // the flusher's final round may be done: it would not be written
         }
-        let Some((id, entry)) = state.index.remove_entry(id) else {
-            // Not past the journal's bound: such cancels of ids that may never have existed
-            // must not grow it without limit while Redis is down.
-            if !state.restored && state.journal.depth() < self.inner.cfg.journal_bound {
-                state.mark_gone(&TaskKey::bare(id));
-                state.journal.record_removal(id, 0);
+        // Hashed once, for the index and the journal.
+        let hash = state.index.hasher().hash_one(id);
+        let (key, entry) = match state.index.raw_entry_mut().from_key_hashed_nocheck(hash, id) {
+            // Fired, waiting for ack: not this call's to remove.
+            RawEntryMut::Occupied(slot) if slot.get().timer.is_none() => return false,
+            RawEntryMut::Occupied(slot) => slot.remove_entry(),
+            RawEntryMut::Vacant(_) => {
+                // Not past the journal's bound: such cancels of ids that may never have
+                // existed must not grow it without limit while Redis is down.
+                if !state.restored && state.journal.depth() < self.inner.cfg.journal_bound {
+                    state.mark_gone(&TaskKey::bare(id));
+                    state.journal.record_removal(id, 0);
+                }
+                return false;
             }
-            return false;
         };
-        let Some(timer) = entry.timer else {
-            state.index.insert(id, entry); // fired, waiting for ack: not this call's to remove
-            return false;
-        };
-        self.timer.cancel(timer);
-        state.mark_gone(&id);
+        if let Some(timer) = entry.timer {
+            self.timer.cancel(timer);
+        }
+        state.mark_gone(&key);
         // Before a restore has completed, the store may hold a version of this id from a
         // previous process, which a restore would load: the removal is written either way.
         let persisted = entry.persisted || !state.restored;
-        let due_at = id.envelope().due_at;
-        state.journal.remove(id, persisted, due_at);
+        let due_at = key.envelope().due_at;
+        state.journal.remove(hash, key, persisted, due_at);
         true
     }
 
