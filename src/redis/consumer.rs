@@ -397,7 +397,8 @@ impl Consumer {
     /// after half of it, so the hand-back keeps the other half; each hand-back call (500 tasks)
     /// and the final acks get at least 100 ms,
     /// which a slow Redis and many held tasks can add to it. Returns how many tasks were
-    /// handed back; `Err` if Redis could not take them back in time (their leases expire and
+    /// handed back (fewer than were, if a call whose reply was lost was sent again: the second
+    /// run finds its tasks already back); `Err` if Redis could not take them back in time (their leases expire and
     /// the reaper returns them instead). A `timeout` past what an `Instant` holds waits as
     /// long as it takes.
     pub fn shutdown(mut self, timeout: Duration) -> Result<usize, QueueError> {

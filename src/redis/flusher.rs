@@ -105,10 +105,19 @@ impl Journal {
     }
 
     /// [`record`](Self::record), given the id's hash (the journal and the index hash alike).
-    pub(super) fn record_hashed(&mut self, hash: u64, id: TaskKey, change: Change) -> Option<Change> {
+    pub(super) fn record_hashed(
+        &mut self,
+        hash: u64,
+        id: TaskKey,
+        change: Change,
+    ) -> Option<Change> {
         self.changed();
         debug_assert_eq!(hash, self.ops.hasher().hash_one(id.id()));
-        match self.ops.raw_entry_mut().from_key_hashed_nocheck(hash, id.id()) {
+        match self
+            .ops
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(hash, id.id())
+        {
             RawEntryMut::Occupied(mut slot) => Some(slot.insert(change)),
             RawEntryMut::Vacant(slot) => {
                 slot.insert_hashed_nocheck(hash, id, change);
@@ -148,7 +157,11 @@ impl Journal {
     /// `hash` is the id's hash (the journal and the index hash alike).
     pub(super) fn remove(&mut self, hash: u64, id: TaskKey, persisted: bool, due_at: u64) {
         debug_assert_eq!(hash, self.ops.hasher().hash_one(id.id()));
-        match self.ops.raw_entry_mut().from_key_hashed_nocheck(hash, id.id()) {
+        match self
+            .ops
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(hash, id.id())
+        {
             RawEntryMut::Occupied(slot)
                 if !persisted && matches!(slot.get(), Change::Upsert(_)) =>
             {

@@ -41,8 +41,8 @@ pub(crate) enum Link {
 /// and I/O drivers, and panic without them: a connection attempted outside a runtime (from a
 /// `futures` executor, say), or on a runtime built without `enable_time` or `enable_io`, is
 /// refused instead. Tokio offers no way to ask whether a driver is enabled, so each is probed
-/// by what panics without it (a zero sleep; a socket pair), and the panic is caught: its
-/// message is still printed by the panic hook, and under `panic = "abort"` it aborts.
+/// by what panics without it (a zero sleep; on Unix, a socket pair), and the panic is caught:
+/// its message is still printed by the panic hook, and under `panic = "abort"` it aborts.
 fn in_tokio_runtime() -> Result<(), redis::RedisError> {
     let refused = |what: &'static str| redis::RedisError::from((redis::ErrorKind::Client, what));
     if tokio::runtime::Handle::try_current().is_err() {
@@ -55,6 +55,7 @@ fn in_tokio_runtime() -> Result<(), redis::RedisError> {
             "the Tokio runtime has no time driver: build it with `enable_all` (or `enable_time`)",
         ));
     }
+    #[cfg(unix)]
     if std::panic::catch_unwind(|| drop(tokio::net::UnixStream::pair())).is_err() {
         return Err(refused(
             "the Tokio runtime has no I/O driver: build it with `enable_all` (or `enable_io`)",

@@ -751,7 +751,11 @@ impl<S: TaskStore> Persistent<S> {
         }
         // Hashed once, for the index and the journal.
         let hash = state.index.hasher().hash_one(id);
-        let (key, entry) = match state.index.raw_entry_mut().from_key_hashed_nocheck(hash, id) {
+        let (key, entry) = match state
+            .index
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(hash, id)
+        {
             // Fired, waiting for ack: not this call's to remove.
             RawEntryMut::Occupied(slot) if slot.get().timer.is_none() => return false,
             RawEntryMut::Occupied(slot) => slot.remove_entry(),
