@@ -57,7 +57,8 @@ pub use stats::{Lateness, Stats};
 pub use stream::ExpirationStream;
 pub use timer::{Expiration, Pending, Timer, TimerBuilder, TimerId};
 
-/// The README's examples, compiled and run as doc tests.
-#[cfg(doctest)]
+/// The README's examples, compiled and run as doc tests (with the `redis` feature, which its
+/// Redis examples need).
+#[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
