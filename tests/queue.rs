@@ -2384,3 +2384,49 @@ fn a_shutdown_that_times_out_hands_back_tasks_waiting_for_a_handler() {
         );
     }
 }
+
+/// A queue handler (on a plain pool thread) uses `Dedup` through a runtime the application
+/// owns, as the README says: the marker is taken and finished, and a second delivery of the
+/// id finds the work done.
+#[test]
+fn a_handler_uses_dedup_through_its_own_runtime() {
+    let Fixture { server, rt, cfg, p } = fixture("dedup-handler", |_| {});
+    let rt = Arc::new(rt);
+    let dedup = rt
+        .block_on(delaywheel::redis::Dedup::connect(
+            &server.url(),
+            "dedup-handler-markers",
+            Duration::from_secs(5),
+            Duration::from_secs(3_600),
+        ))
+        .unwrap();
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let handlers = {
+        let (rt, dedup, seen) = (rt.clone(), dedup.clone(), seen.clone());
+        Handlers::new().on("job", move |task| {
+            match rt
+                .block_on(dedup.begin(&task.id))
+                .map_err(|e| e.to_string())?
+            {
+                delaywheel::redis::Begin::Run(claim) => {
+                    seen.lock().push((task.id.clone(), true));
+                    rt.block_on(dedup.finish(&claim))
+                        .map_err(|e| e.to_string())?;
+                }
+                _ => seen.lock().push((task.id.clone(), false)),
+            }
+            Ok(())
+        })
+    };
+    let c = Consumer::start(cfg.clone(), handlers).unwrap();
+    enqueue_all(&rt, &p, "job", vec![("once".into(), now_ms())]);
+    wait_until("the first delivery's ack", || c.stats().acked == 1);
+    // The same id again (a redelivery): the marker says done.
+    enqueue_all(&rt, &p, "job", vec![("once".into(), now_ms())]);
+    wait_until("the second delivery", || seen.lock().len() == 2);
+    assert_eq!(
+        *seen.lock(),
+        [("once".to_string(), true), ("once".to_string(), false)]
+    );
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}
