@@ -1036,20 +1036,8 @@ fn a_hand_back_survives_a_dropped_connection() {
         (0..50).map(|i| (format!("d{i}"), due)).collect(),
     );
     wait_until("A to claim", || a.held() == 50);
-    // Every client but this one loses its connection: A's next command fails on it.
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let killed: u64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .arg("SKIPME")
-        .arg("yes")
-        .query(&mut conn)
-        .unwrap();
-    assert!(killed >= 1);
+    // Every client loses its connection: A's next command fails on it.
+    assert!(server.kill_clients() >= 1);
     assert_eq!(a.shutdown(Duration::from_secs(5)).unwrap(), 50);
     // (The producer lost its connection too: a new one.)
     let depth = rt.block_on(producer(&rt, &cfg).depth()).unwrap();
@@ -1451,7 +1439,7 @@ const WITHIN_PAUSE: u64 = 7_000;
 /// A 6-shard queue on a 3-node cluster, for the paused-node tests: shard 0's node (`paused`),
 /// a shard on another node (`other`), and a task id that goes to `other`.
 struct SplitCluster {
-    _cluster: RedisCluster,
+    cluster: RedisCluster,
     urls: Vec<String>,
     rt: tokio::runtime::Runtime,
     cfg: QueueConfig,
@@ -1499,7 +1487,7 @@ impl SplitCluster {
             .find(|id| shard_of(id, 6) == other)
             .unwrap();
         SplitCluster {
-            _cluster: cluster,
+            cluster,
             urls,
             rt,
             cfg,
@@ -1683,71 +1671,14 @@ fn an_enqueue_follows_its_slot_to_another_node() {
         .map(|i| format!("m{i}"))
         .find(|id| shard_of(id, 6) == 0)
         .unwrap();
-    // The producer knows the slot map (and has loaded its script everywhere); its task is on
-    // another shard, so shard 0's slot stays empty.
+    // The producer knows the slot map (and has loaded its script everywhere).
     enqueue_all(
         &split.rt,
         &split.p,
         "job",
         vec![(split.id.clone(), now_ms() + 3_600_000)],
     );
-    let conn = |n: usize| {
-        redis::Client::open(split.urls[n].as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap()
-    };
-    let from = split.paused;
-    let to = (from + 1) % split.urls.len();
-    let myid = |n: usize| -> String {
-        redis::cmd("CLUSTER")
-            .arg("MYID")
-            .query(&mut conn(n))
-            .unwrap()
-    };
-    let (from_id, to_id) = (myid(from), myid(to));
-    let slot: u64 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg("{moved:0}:due")
-        .query(&mut conn(from))
-        .unwrap();
-    let setslot = |n: usize, args: &[&str]| {
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(args)
-            .query::<()>(&mut conn(n))
-            .unwrap()
-    };
-    // The documented resharding steps: import, migrate every key (the shard's `kind` key,
-    // which the producer's start wrote), assign.
-    setslot(to, &["IMPORTING", &from_id]);
-    setslot(from, &["MIGRATING", &to_id]);
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(100)
-        .query(&mut conn(from))
-        .unwrap();
-    if !keys.is_empty() {
-        let to_port = split.urls[to]
-            .trim_start_matches("redis://127.0.0.1:")
-            .trim_end_matches('/')
-            .to_owned();
-        redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(&to_port)
-            .arg("")
-            .arg(0)
-            .arg(5_000)
-            .arg("KEYS")
-            .arg(&keys)
-            .query::<()>(&mut conn(from))
-            .unwrap();
-    }
-    for n in 0..split.urls.len() {
-        setslot(n, &["NODE", &to_id]);
-    }
+    let to = split.cluster.move_slot_of("{moved:0}:due");
     let sent = split.rt.block_on(split.p.enqueue(
         id.clone(),
         "job",
@@ -1758,7 +1689,12 @@ fn an_enqueue_follows_its_slot_to_another_node() {
     let held: bool = redis::cmd("HEXISTS")
         .arg("{moved:0}:tasks")
         .arg(&id)
-        .query(&mut conn(to))
+        .query(
+            &mut redis::Client::open(split.urls[to].as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        )
         .unwrap();
     assert!(held, "the task is not on the slot's new node");
 }

@@ -657,69 +657,7 @@ fn a_flush_follows_its_namespace_to_another_node() {
         .schedule("before", "job", serde_json::Value::Null, far)
         .unwrap();
     assert!(engine.flush(PATIENCE), "flush before the move");
-    let conn = |n: usize| {
-        redis::Client::open(urls[n].as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap()
-    };
-    // The node that owns the slot answers a plain EXISTS; the others answer MOVED.
-    let from = (0..urls.len())
-        .find(|&n| {
-            redis::cmd("EXISTS")
-                .arg("{moving}:due")
-                .query::<u64>(&mut conn(n))
-                .is_ok()
-        })
-        .unwrap();
-    let to = (from + 1) % urls.len();
-    let myid = |n: usize| -> String {
-        redis::cmd("CLUSTER")
-            .arg("MYID")
-            .query(&mut conn(n))
-            .unwrap()
-    };
-    let (from_id, to_id) = (myid(from), myid(to));
-    let slot: u64 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg("{moving}:due")
-        .query(&mut conn(from))
-        .unwrap();
-    let setslot = |n: usize, args: &[&str]| {
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(args)
-            .query::<()>(&mut conn(n))
-            .unwrap()
-    };
-    // The documented resharding steps: import, migrate every key, assign.
-    setslot(to, &["IMPORTING", &from_id]);
-    setslot(from, &["MIGRATING", &to_id]);
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(100)
-        .query(&mut conn(from))
-        .unwrap();
-    assert!(keys.len() >= 2, "the namespace's keys: {keys:?}");
-    let to_port = urls[to]
-        .trim_start_matches("redis://127.0.0.1:")
-        .trim_end_matches('/')
-        .to_owned();
-    redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(&to_port)
-        .arg("")
-        .arg(0)
-        .arg(5_000)
-        .arg("KEYS")
-        .arg(&keys)
-        .query::<()>(&mut conn(from))
-        .unwrap();
-    for n in 0..urls.len() {
-        setslot(n, &["NODE", &to_id]);
-    }
+    let to = cluster.move_slot_of("{moving}:due");
     engine
         .schedule("after", "job", serde_json::Value::Null, far)
         .unwrap();
@@ -728,7 +666,12 @@ fn a_flush_follows_its_namespace_to_another_node() {
         .arg("{moving}:due")
         .arg(0)
         .arg(-1)
-        .query(&mut conn(to))
+        .query(
+            &mut redis::Client::open(urls[to].as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        )
         .unwrap();
     assert_eq!(held, ["after", "before"]); // same score: by member
     engine.shutdown();

@@ -157,6 +157,77 @@ impl RedisCluster {
     }
 }
 
+impl RedisCluster {
+    /// A connection to node `n`.
+    fn node(&self, n: usize) -> redis::Connection {
+        redis::Client::open(self.urls()[n].as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// Moves the slot of `key` from the node that owns it to the next node, by the documented
+    /// resharding steps: import, migrate every key, assign (on every node). Returns the new
+    /// owner's index.
+    #[allow(dead_code)] // not every test binary moves a slot
+    pub fn move_slot_of(&self, key: &str) -> usize {
+        // The node that owns the slot answers a plain EXISTS; the others answer MOVED.
+        let from = (0..self.ports.len())
+            .find(|&n| {
+                redis::cmd("EXISTS")
+                    .arg(key)
+                    .query::<u64>(&mut self.node(n))
+                    .is_ok()
+            })
+            .expect("a node owns the slot");
+        let to = (from + 1) % self.ports.len();
+        let id = |n: usize| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut self.node(n))
+                .unwrap()
+        };
+        let (from_id, to_id) = (id(from), id(to));
+        let slot: u64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.node(from))
+            .unwrap();
+        let setslot = |n: usize, args: &[&str]| {
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(args)
+                .query::<()>(&mut self.node(n))
+                .unwrap()
+        };
+        setslot(to, &["IMPORTING", &from_id]);
+        setslot(from, &["MIGRATING", &to_id]);
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1_000)
+            .query(&mut self.node(from))
+            .unwrap();
+        if !keys.is_empty() {
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.ports[to])
+                .arg("")
+                .arg(0)
+                .arg(5_000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query::<()>(&mut self.node(from))
+                .unwrap();
+        }
+        for n in 0..self.ports.len() {
+            setslot(n, &["NODE", &to_id]);
+        }
+        to
+    }
+}
+
 impl Drop for RedisCluster {
     fn drop(&mut self) {
         for c in &mut self.children {

@@ -104,6 +104,22 @@ impl RedisServer {
         matches!(reply.as_deref(), Ok("PONG"))
     }
 
+    /// Closes the connection of every client but the caller's (`CLIENT KILL TYPE normal`):
+    /// each one's next command fails on it. Returns how many were closed.
+    #[allow(dead_code)] // not every test binary drops connections
+    pub fn kill_clients(&self) -> u64 {
+        let client = redis::Client::open(self.url()).expect("redis URL");
+        let mut conn = client.get_connection().expect("connect to redis-server");
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query(&mut conn)
+            .expect("CLIENT KILL")
+    }
+
     /// The members of the ZSET `key`.
     pub fn zset_members(&self, key: &str) -> std::collections::HashSet<String> {
         let client = redis::Client::open(self.url()).expect("redis URL");
