@@ -50,6 +50,16 @@ async fn connect(server: &RedisServer, ns: &str) -> RedisStore {
         .unwrap()
 }
 
+/// Stores tasks `k000`, `k001`, ... due at 0, 1, ... and returns them, sorted by id.
+async fn stored(store: &RedisStore, n: u64) -> Vec<Envelope> {
+    let tasks: Vec<Envelope> = (0..n).map(|i| envelope(&format!("k{i:03}"), i)).collect();
+    store
+        .apply(&tasks.iter().map(upsert).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    tasks
+}
+
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
@@ -288,13 +298,7 @@ async fn broken_entries_are_sorted_out_and_dead_lettered() {
 async fn acknowledged_writes_survive_a_sigkill_of_redis() {
     let mut server = RedisServer::start();
     let store = connect(&server, "t4").await;
-    let tasks: Vec<Envelope> = (0..500u64)
-        .map(|i| envelope(&format!("k{i:03}"), i))
-        .collect();
-    store
-        .apply(&tasks.iter().map(upsert).collect::<Vec<_>>())
-        .await
-        .unwrap();
+    let tasks = stored(&store, 500).await;
     server.kill();
     assert!(
         store.apply(&[upsert(&envelope("lost?", 1))]).await.is_err(),
@@ -465,13 +469,7 @@ fn connecting_on_a_runtime_without_time_or_io_is_an_error_not_a_panic() {
 async fn a_read_on_a_dropped_connection_is_sent_again() {
     let server = RedisServer::start();
     let store = connect(&server, "dropped").await;
-    let tasks: Vec<Envelope> = (0..300u64)
-        .map(|i| envelope(&format!("k{i:03}"), i))
-        .collect();
-    store
-        .apply(&tasks.iter().map(upsert).collect::<Vec<_>>())
-        .await
-        .unwrap();
+    let tasks = stored(&store, 300).await;
     for _ in 0..3 {
         // Every client loses its connection: the store's next read fails on it.
         assert!(

@@ -375,6 +375,16 @@ mod tests {
         (server, conn)
     }
 
+    /// Makes the lease on `id` run out (its deadline 0), as a consumer's crash would.
+    fn expire_lease(conn: &mut redis::Connection, k: &KeyLayout, id: &str) {
+        redis::cmd("ZADD")
+            .arg(k.lease())
+            .arg(0)
+            .arg(id)
+            .query::<()>(conn)
+            .unwrap();
+    }
+
     /// Runs REAP on `k` with `max` lease expiries: (requeued, dead-lettered).
     fn reap(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64) {
         REAP.key(k.lease())
@@ -519,12 +529,7 @@ mod tests {
         assert_eq!(dead(&mut conn), 1);
         assert_eq!(dead(&mut conn), 2, "a resent dead-lettering");
         // "late"'s lease runs out: the reaper queues it again, and its ack is refused.
-        redis::cmd("ZADD")
-            .arg(k.lease())
-            .arg(0)
-            .arg("late")
-            .query::<()>(&mut conn)
-            .unwrap();
+        expire_lease(&mut conn, &k, "late");
         assert_eq!(reap(&mut conn, &k, 0), (1, 0));
         assert_eq!(ack(&mut conn, "late", true), [0], "a lease that ran out");
         // "r", claimed again, is still the envelope the retry wrote: a late resend landed.
@@ -542,12 +547,7 @@ mod tests {
         // Its lease runs out again and the reaper dead-letters it: a resent ack is refused,
         // as the task did not end acknowledged.
         // ("late" was claimed again with "r" above.)
-        redis::cmd("ZADD")
-            .arg(k.lease())
-            .arg(0)
-            .arg("late")
-            .query::<()>(&mut conn)
-            .unwrap();
+        expire_lease(&mut conn, &k, "late");
         assert_eq!(reap(&mut conn, &k, 1), (0, 1));
         assert_eq!(ack(&mut conn, "late", true), [0], "a dead-lettered task");
     }
@@ -803,12 +803,7 @@ mod tests {
             .unwrap();
         assert!(!left, "an acknowledged task's expiries are forgotten");
         // "crash" takes its third consumer down too: dead-lettered, not queued again.
-        redis::cmd("ZADD")
-            .arg(k.lease())
-            .arg(0)
-            .arg("crash")
-            .query::<()>(&mut conn)
-            .unwrap();
+        expire_lease(&mut conn, &k, "crash");
         assert_eq!(reap(&mut conn, &k, 3), (0, 1));
         let record = dead_record(&mut conn, &k, "crash");
         assert_eq!(
