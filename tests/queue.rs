@@ -1019,6 +1019,43 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A shutdown whose acks Redis does not take in time says so: `Err`, not `Ok`. (The acks were
+/// dropped with the runtime and `Ok` came back; the tasks then ran again after their leases.)
+#[test]
+fn a_shutdown_whose_acks_are_not_written_is_an_error() {
+    let Fixture { server, rt, cfg, p } = fixture("unacked", |cfg| {
+        cfg.lookahead = Duration::from_secs(30);
+    });
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
+    enqueue_all(&rt, &p, "job", vec![("u".into(), now_ms() + 1_000)]);
+    wait_until("the claim", || c.held() == 1);
+    // Writes (scripts among them) wait from now on: the ack cannot be written.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5_000)
+        .arg("WRITE")
+        .query::<()>(&mut conn)
+        .unwrap();
+    wait_until("the handler", || fired.lock().contains_key("u"));
+    let stopped = c.shutdown(Duration::from_millis(500));
+    assert!(
+        matches!(stopped, Err(QueueError::Store(_))),
+        "the ack was not written: {stopped:?}"
+    );
+    // Still there, unacknowledged (a read: not held by the pause).
+    let held: bool = redis::cmd("HEXISTS")
+        .arg("{unacked}:tasks")
+        .arg("u")
+        .query(&mut conn)
+        .unwrap();
+    assert!(held, "the ack was written after all");
+}
+
 /// The hand-back at shutdown tries again after a dropped connection: the tasks go back to
 /// the queue at once, not after their leases. (A failed call ended its shard's hand-back.)
 #[test]

@@ -85,7 +85,8 @@ pub struct QueueStats {
     pub fired: u64,
     /// Acks Redis accepted.
     pub acked: u64,
-    /// Acks (and retries, dead-letterings) Redis refused: the lease had been taken over.
+    /// Acks (and retries, dead-letterings) Redis refused: the lease had been taken over, or
+    /// the task was cancelled or replaced by a producer meanwhile.
     pub refused: u64,
     /// Failed attempts put back for a retry.
     pub retried: u64,
@@ -220,8 +221,15 @@ struct Shared {
 /// at-least-once: a claimed task is leased to one consumer, which fires it; it fires again
 /// elsewhere if that consumer dies, stalls past its lease (with `renew_leases` off, or a
 /// backlog longer than the lease), or the task is enqueued again with `replace` while claimed
-/// (the old copy's ack is then refused). Handlers are to be idempotent ([`Dedup`](super::Dedup)
-/// helps).
+/// (the old copy's ack is then refused). A task cancelled by a producer while a consumer holds
+/// it still fires there, at its old due time (its ack is then refused). Handlers are to be
+/// idempotent ([`Dedup`](super::Dedup) helps).
+///
+/// A consumer whose handler threads all hang keeps claiming up to `max_held` tasks and renews
+/// their leases while it lives: no other consumer gets them until it is stopped (size
+/// `handler_threads` and `max_held` for that, and watch `delaywheel_queue_lateness_seconds`).
+/// An ack that Redis refuses with an error no retry gets past (`NOPERM`, `WRONGTYPE` on a key
+/// another client wrote) is tried again for as long as the consumer lives.
 pub struct Consumer {
     shared: Arc<Shared>,
     timer: Timer<Claimed>,
@@ -360,7 +368,9 @@ impl Consumer {
         &self.shared.id
     }
 
-    /// Claimed tasks waiting in the wheel.
+    /// Claimed tasks not yet started: waiting in the wheel, or fired and waiting for a handler
+    /// thread. (A claim answered again after its reply was lost can take it past `max_held`
+    /// by one batch.)
     pub fn held(&self) -> usize {
         self.shared.held.lock().len()
     }
@@ -398,9 +408,15 @@ impl Consumer {
     /// and the final acks get at least 100 ms,
     /// which a slow Redis and many held tasks can add to it. Returns how many tasks were
     /// handed back (fewer than were, if a call whose reply was lost was sent again: the second
-    /// run finds its tasks already back); `Err` if Redis could not take them back in time (their leases expire and
+    /// run finds its tasks already back); `Err` if Redis could not take them back in time, or
+    /// could not take the acks and other outcomes of finished handlers (their leases expire and
     /// the reaper returns them instead). A `timeout` past what an `Instant` holds waits as
     /// long as it takes.
+    ///
+    /// Not from one of this consumer's own handlers: it waits for the handlers to finish, that
+    /// one included, so it returns only at the timeout (never, with an unbounded one), and
+    /// that handler's own task runs again after its lease. A claim whose reply was still out
+    /// when the claim loops were stopped is not handed back: its tasks wait for their leases.
     pub fn shutdown(mut self, timeout: Duration) -> Result<usize, QueueError> {
         let now = std::time::Instant::now();
         let deadline = now
@@ -507,7 +523,16 @@ impl Consumer {
         }
         if let Some(r) = self.resolver.take() {
             let left = remaining(deadline).max(Duration::from_millis(100));
-            let _ = wait_on(&rt, async move { tokio::time::timeout(left, r).await });
+            let drained = wait_on(&rt, async move { tokio::time::timeout(left, r).await });
+            if !matches!(drained, Some(Ok(Ok(())))) {
+                // Acks, retries or dead letters of finished handlers are dropped with the
+                // runtime: their tasks run again after their leases. Said, not hidden.
+                tracing::warn!(consumer = %self.shared.id, "outcomes of finished handlers not written before the shutdown timeout");
+                failure = failure.or(Some(StoreError::new(
+                    "the outcomes (acks, retries, dead letters) of finished handlers were not all \
+                     written in time: their tasks run again after their leases",
+                )));
+            }
         }
         drop(rt);
         tracing::debug!(consumer = %self.shared.id, given_back = given, "queue consumer stopped");
@@ -1422,7 +1447,7 @@ fn acked(shared: &Shared, shard: u32, batch: &[PendingAck], results: &[u8]) {
         } else {
             shared.counters.refused.fetch_add(1, Relaxed);
             metrics::counter!("delaywheel_queue_acks_refused_total").increment(1);
-            tracing::warn!(%id, "ack refused: the lease was taken over");
+            tracing::warn!(%id, "ack refused: the lease was taken over, or the task cancelled or replaced");
         }
     }
 }
@@ -1491,7 +1516,7 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
             }
             Ok(_) => {
                 shared.counters.refused.fetch_add(1, Relaxed);
-                tracing::warn!(%id, "refused: the lease was taken over");
+                tracing::warn!(%id, "refused: the lease was taken over, or the task cancelled or replaced");
                 break;
             }
             Err(e) => {
