@@ -1028,7 +1028,8 @@ fn a_shutdown_whose_acks_are_not_written_is_an_error() {
     });
     let fired: Fired = Arc::default();
     let c = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
-    enqueue_all(&rt, &p, "job", vec![("u".into(), now_ms() + 1_000)]);
+    // Due well after the claim (within ms of the enqueue), also on a loaded machine.
+    enqueue_all(&rt, &p, "job", vec![("u".into(), now_ms() + 2_000)]);
     wait_until("the claim", || c.held() == 1);
     // Writes (scripts among them) wait from now on: the ack cannot be written.
     let mut conn = redis::Client::open(server.url())
@@ -1037,7 +1038,7 @@ fn a_shutdown_whose_acks_are_not_written_is_an_error() {
         .unwrap();
     redis::cmd("CLIENT")
         .arg("PAUSE")
-        .arg(5_000)
+        .arg(8_000)
         .arg("WRITE")
         .query::<()>(&mut conn)
         .unwrap();
