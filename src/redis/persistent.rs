@@ -235,7 +235,7 @@ pub struct RestoreReport {
 }
 
 /// A task held in the index. Its envelope is its key ([`TaskKey`]): the index's key is always
-/// the current version (a replacement removes the old key with its entry).
+/// the current version (a replacement swaps the key along with the entry).
 pub(super) struct Entry {
     /// `None` once fired (waiting for `ack`).
     pub(super) timer: Option<TimerId>,
