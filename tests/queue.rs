@@ -94,13 +94,7 @@ fn a_crashed_consumers_tasks_fire_elsewhere_after_the_lease() {
     // Due well after the first reconcile claim (1 s), so A holds them for a while (and loses
     // them before they are due, also on a loaded machine).
     let due = now_ms() + 5_000;
-    enqueue_all(
-        &rt,
-        &p,
-        "job",
-        (0..200).map(|i| (format!("t{i}"), due)).collect(),
-    );
-    wait_until("A to claim everything", || a.held() == 200);
+    claimed_by(&rt, &p, &a, "t", 200, due);
     a.abort(); // as a crash: nothing handed back, nothing fired
     let b = Consumer::start(cfg.clone(), recorder(&fired, 1, "job")).unwrap();
     wait_until("B to fire the crashed consumer's tasks", || {
@@ -995,13 +989,7 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     // Due well after the first reconcile claim (1 s), so A holds them for a while (and loses
     // them before they are due, also on a loaded machine).
     let due = now_ms() + 5_000;
-    enqueue_all(
-        &rt,
-        &p,
-        "job",
-        (0..300).map(|i| (format!("h{i}"), due)).collect(),
-    );
-    wait_until("A to claim", || a.held() == 300);
+    claimed_by(&rt, &p, &a, "h", 300, due);
     assert_eq!(a.shutdown(Duration::from_secs(5)).unwrap(), 300);
     let depth = rt.block_on(p.depth()).unwrap();
     assert_eq!((depth.queued, depth.leased), (300, 0));
@@ -1067,13 +1055,7 @@ fn a_hand_back_survives_a_dropped_connection() {
     let fired: Fired = Arc::default();
     let a = Consumer::start(cfg.clone(), recorder(&fired, 0, "job")).unwrap();
     let due = now_ms() + 20_000;
-    enqueue_all(
-        &rt,
-        &p,
-        "job",
-        (0..50).map(|i| (format!("d{i}"), due)).collect(),
-    );
-    wait_until("A to claim", || a.held() == 50);
+    claimed_by(&rt, &p, &a, "d", 50, due);
     // Every client loses its connection: A's next command fails on it.
     assert!(server.kill_clients() >= 1);
     assert_eq!(a.shutdown(Duration::from_secs(5)).unwrap(), 50);

@@ -587,8 +587,7 @@ impl Consumer {
                                 break;
                             }
                             Ok(Err(e))
-                                if !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
-                                    && remaining(deadline) > wait =>
+                                if super::link::passing(&e) && remaining(deadline) > wait =>
                             {
                                 tracing::debug!(error = %e, shard, "hand-back failed; trying again");
                                 tokio::time::sleep(wait).await;
@@ -1523,7 +1522,7 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
                 failures = failures.saturating_add(1);
                 // Codes the redis crate does not know, which a server answers while it is
                 // busy or short of something for a while, count as passing too.
-                let transient = !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+                let transient = super::link::passing(&e)
                     || matches!(
                         e.code(),
                         Some("BUSY" | "MISCONF" | "NOREPLICAS" | "OOM" | "LOADING" | "TRYAGAIN")

@@ -100,8 +100,8 @@ impl Journal {
     /// Records `change` for `id`, replacing (and returning) any earlier unflushed change to
     /// that id.
     pub(super) fn record(&mut self, id: TaskKey, change: Change) -> Option<Change> {
-        self.changed();
-        self.ops.insert(id, change)
+        let hash = self.ops.hasher().hash_one(id.id());
+        self.record_hashed(hash, id, change)
     }
 
     /// [`record`](Self::record), given the id's hash (the journal and the index hash alike).

@@ -180,6 +180,15 @@ fn not_run(e: &redis::RedisError) -> bool {
     )
 }
 
+/// Whether a retry can get past the error `e` that a command failed with: a dropped
+/// connection, a timeout, a cluster refusing it while it reconfigures, a server loading;
+/// not an answer no retry changes (`NOPERM`, `WRONGTYPE`, a script error). Whether the
+/// command may have run is another question ([`may_have_run`]): only a command that can run
+/// twice without harm is sent again on this alone.
+pub(crate) fn passing(e: &redis::RedisError) -> bool {
+    !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+}
+
 /// Whether a command that failed with `e` may have run all the same: an I/O error (a reply
 /// that timed out, a connection that dropped after the command went out), not a refused
 /// connection, nor an answer from Redis.

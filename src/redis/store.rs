@@ -548,10 +548,7 @@ impl RedisStore {
         loop {
             let mut conn = self.conn.clone();
             match cmd.query_async(&mut conn).await {
-                Err(e)
-                    if tries < READ_TRIES
-                        && !matches!(e.retry_method(), redis::RetryMethod::NoRetry) =>
-                {
+                Err(e) if tries < READ_TRIES && super::link::passing(&e) => {
                     tracing::debug!(error = %e, "a read failed; sending it again");
                     tokio::time::sleep(Duration::from_millis(50) * tries).await;
                     tries += 1;

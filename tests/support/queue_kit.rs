@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use delaywheel::redis::{Handlers, Producer, QueueConfig, When};
+use delaywheel::redis::{Consumer, Handlers, Producer, QueueConfig, When};
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 
@@ -100,4 +100,23 @@ pub fn enqueue_all(
             assert!(r.unwrap(), "a fresh id was refused");
         }
     });
+}
+
+/// Enqueues `n` tasks `{prefix}0`, `{prefix}1`, ... of topic `job`, due at `due` (ms), and
+/// waits until consumer `c` has claimed them all.
+pub fn claimed_by(
+    rt: &tokio::runtime::Runtime,
+    p: &Producer,
+    c: &Consumer,
+    prefix: &str,
+    n: usize,
+    due: u64,
+) {
+    enqueue_all(
+        rt,
+        p,
+        "job",
+        (0..n).map(|i| (format!("{prefix}{i}"), due)).collect(),
+    );
+    wait_until("the consumer to claim them all", || c.held() == n);
 }
