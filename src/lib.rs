@@ -49,6 +49,12 @@ mod stats;
 #[cfg(feature = "tokio")]
 mod stream;
 mod timer;
+mod wake;
+
+/// The atomics [`wake`] uses: `tests/loom_wake.rs` compiles that file against loom's instead.
+mod sync {
+    pub(crate) use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+}
 
 pub use clock::ManualClock;
 pub use error::{BuildError, ScheduleError};

@@ -8,18 +8,10 @@
 //!   a caller's [`Timer::fire_due`]; `Core::turn_buf` is that turn's lock and scratch buffer,
 //!   held across the turn (with `sink` held across its deliveries). `stop` takes `turn_buf`
 //!   before it drains, so no collected timer is between a turn and its delivery then.
-//! * The wake handshake: a producer that inserts a timer due before `next_wake` unparks the
-//!   driver. The driver sets `next_wake` to `u64::MAX` *before* it scans the shards and to the
-//!   earliest deadline it found *after*, so an insert it did not see always wakes it. The wake
-//!   is the `woken` flag, set before the unpark and checked (and cleared) by the driver right
-//!   before it parks: the park token alone is not enough, because a delivery blocked on a full
-//!   channel parks the driver thread inside crossbeam, which consumes the token. The flag has
-//!   two "on" states: `WAKING` (set, its setter has not unparked yet) and `WOKEN` (set, and
-//!   unparked since). Only the producer that turns the flag on unparks as a rule; one that
-//!   finds it `WOKEN` does nothing (the driver has a wake-up to consume, and a turn after it,
-//!   see `wake_driver`), and one that finds it `WAKING` unparks too, so that a setter
-//!   descheduled before its unpark delays no timer. A count of wake-ups above the state bits
-//!   keeps a setter's late `WAKING → WOKEN` off a later setter's `WAKING`.
+//! * The wake handshake between producers and the driver is `Wake`'s (`src/wake.rs`, which has
+//!   its own ground rules): a producer calls `Wake::timer_due` after its insert, with no lock
+//!   held; the driver calls `Wake::scanning` before a turn and parks only if `Wake::may_park`
+//!   says so after it.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -30,7 +22,6 @@ use std::thread::{JoinHandle, Thread, ThreadId};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::clock::{Clock, ManualClock, Ticks};
@@ -38,6 +29,7 @@ use crate::delivery::Sink;
 use crate::error::{capacity, BuildError, ScheduleError, MAX_SHARDS, MAX_WORKERS};
 use crate::shard::{new_shard, Shard, ShardState};
 use crate::stats::{publish, LatenessHistogram, Stats};
+use crate::wake::Wake;
 use crate::wheel::{Expired, Layout, TimerKey};
 
 /// Names a scheduled timer: its shard and its key in that shard's wheel. Ids are
@@ -79,18 +71,6 @@ pub struct Pending<T> {
     pub value: T,
 }
 
-/// `Core::woken`'s state, in its low two bits: no wake-up pending.
-const IDLE: u64 = 0;
-/// A wake-up pending, whose setter has not unparked the driver yet.
-const WAKING: u64 = 1;
-/// A wake-up pending, and the driver unparked since it was set.
-const WOKEN: u64 = 2;
-/// The state bits of `Core::woken`; the bits above count the wake-ups set, so that a setter's
-/// late `WAKING → WOKEN` cannot land on another setter's `WAKING` (ABA).
-const WAKE_STATE: u64 = 3;
-/// One wake-up in the count above the state bits.
-const WAKE_ONE: u64 = 4;
-
 pub(crate) struct Core<T> {
     /// Distinguishes this engine's ids from another engine's.
     engine: u32,
@@ -99,13 +79,8 @@ pub(crate) struct Core<T> {
     shards: Box<[Shard<T>]>,
     ticks: Ticks,
     clock: Clock,
-    /// See the ground rules.
-    next_wake: AtomicU64,
-    /// Set by a producer that wakes the driver (`WAKING`, then `WOKEN` once it has unparked
-    /// it), cleared (`IDLE`) by the driver; see the ground rules. On a cache line of its own:
-    /// producers write it (while the wheel is empty, on every schedule), and it shared a line
-    /// with `stopping`, which every schedule reads.
-    woken: CachePadded<AtomicU64>,
+    /// The wake handshake with the driver (see the ground rules).
+    wake: Wake,
     driver: OnceLock<Thread>,
     stopping: AtomicBool,
     stopped: AtomicBool,
@@ -216,45 +191,17 @@ impl<T> Core<T> {
     /// Wakes the driver if a timer due at `tick` is earlier than what it sleeps until.
     #[inline]
     fn wake_for(&self, tick: u64) {
-        if tick < self.next_wake.load(SeqCst) {
-            self.wake_driver();
-        }
+        self.wake.timer_due(tick, || self.unpark_driver());
     }
 
-    /// Wakes the driver: the flag first (it survives an unpark that a blocked delivery
-    /// swallows), then the unpark (it ends a park in progress). See the ground rules.
+    /// Wakes the driver (a manual clock advanced).
     fn wake_driver(&self) {
-        // Already on: the driver has yet to consume a wake-up, and was unparked for it. Read
-        // before it is written: while the wheel is empty every schedule comes here, and a
-        // write per schedule made producers on different cores fight over the line (`perf`:
-        // 41% of `schedule`'s samples on the swap). A producer that reads it on still has its
-        // timer seen: the driver's swap that clears it comes after that read, and the turn
-        // after that swap locks this shard after the insert (or the swap would have happened
-        // before the read, through the shard's lock, and the read would see it cleared).
-        // The wake-up then rests on the producer that set it, which unparks right after; while
-        // it has not (`WAKING`: it may have been descheduled in between), others unpark too.
-        let unpark = || {
-            if let Some(driver) = self.driver.get() {
-                driver.unpark();
-            }
-        };
-        let seen = self.woken.load(SeqCst);
-        match seen & WAKE_STATE {
-            WOKEN => return,
-            WAKING => return unpark(),
-            _ => {}
-        }
-        let waking = (seen & !WAKE_STATE).wrapping_add(WAKE_ONE) | WAKING;
-        match self.woken.compare_exchange(seen, waking, SeqCst, SeqCst) {
-            Ok(_) => {
-                unpark();
-                // Unless the driver has cleared it meanwhile (it then had its wake-up); the
-                // count makes this fail, too, on a later setter's `WAKING`.
-                let woken = (waking & !WAKE_STATE) | WOKEN;
-                let _ = self.woken.compare_exchange(waking, woken, SeqCst, SeqCst);
-            }
-            Err(now) if now & WAKE_STATE == WAKING => unpark(),
-            Err(_) => {}
+        self.wake.wake(|| self.unpark_driver());
+    }
+
+    fn unpark_driver(&self) {
+        if let Some(driver) = self.driver.get() {
+            driver.unpark();
         }
     }
 
@@ -385,37 +332,34 @@ impl<T> Core<T> {
 fn drive<T>(core: Arc<Core<T>>) {
     tracing::debug!(shards = core.shards.len(), "delaywheel driver started");
     while !core.stopping.load(SeqCst) {
-        core.next_wake.store(u64::MAX, SeqCst);
+        core.wake.scanning();
         let (_, next) = core.turn();
         if core.stopping.load(SeqCst) {
             break;
         }
-        // A producer that inserted after the scan set `woken`. Its unpark may have been
-        // swallowed by a delivery that blocked (crossbeam parks this thread too): the flag is
-        // what counts. One that inserts after this check still unparks a park to come.
-        if core.woken.fetch_and(!WAKE_STATE, SeqCst) & WAKE_STATE != IDLE {
+        // Woken since the scan: its unpark may have been swallowed by a delivery that blocked
+        // (crossbeam parks this thread too). One that inserts after this check still unparks
+        // a park to come.
+        if !core.wake.may_park(next) {
             continue;
         }
         match next {
             None => std::thread::park(),
-            Some(tick) => {
-                core.next_wake.store(tick, SeqCst);
-                match &core.clock {
-                    Clock::Manual(_) => {
-                        if tick > core.ticks.now_tick(core.clock.now()) {
-                            std::thread::park();
-                        }
-                    }
-                    Clock::Monotonic => {
-                        let now = Instant::now();
-                        match core.ticks.until(now, tick) {
-                            Some(d) if d.is_zero() => {}
-                            Some(d) => std::thread::park_timeout(d),
-                            None => std::thread::park(),
-                        }
+            Some(tick) => match &core.clock {
+                Clock::Manual(_) => {
+                    if tick > core.ticks.now_tick(core.clock.now()) {
+                        std::thread::park();
                     }
                 }
-            }
+                Clock::Monotonic => {
+                    let now = Instant::now();
+                    match core.ticks.until(now, tick) {
+                        Some(d) if d.is_zero() => {}
+                        Some(d) => std::thread::park_timeout(d),
+                        None => std::thread::park(),
+                    }
+                }
+            },
         }
     }
     tracing::debug!("delaywheel driver stopped");
@@ -878,8 +822,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
             shards: (0..self.shards).map(|_| new_shard(self.layout)).collect(),
             ticks: Ticks::new(origin, self.tick),
             clock: self.clock.clone(),
-            next_wake: AtomicU64::new(u64::MAX),
-            woken: CachePadded::new(AtomicU64::new(IDLE)),
+            wake: Wake::new(),
             driver: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stopped: AtomicBool::new(false),

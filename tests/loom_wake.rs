@@ -1,37 +1,43 @@
-//! A loom model of the schedule/wake handshake between producers and the driver
-//! (`Core::wake_for` and `drive` in `src/timer.rs`; the ground rules at the top of that file).
+//! A loom model of the schedule/wake handshake between producers and the driver: the engine's
+//! own `src/wake.rs` (its ground rules at the top of that file), compiled here against loom's
+//! atomics, driven the way `drive` and `Core::insert` in `src/timer.rs` drive it.
 //!
-//! The model mirrors the protocol step by step with loom's primitives: the driver publishes
-//! `next_wake = u64::MAX` before it scans the shard and the earliest deadline it found after, then
-//! parks; a producer inserts under the shard lock, then, if its deadline is earlier than
-//! `next_wake`, sets `woken` and unparks the driver, unless it finds `woken` already set. Loom explores every interleaving; a lost wake-up leaves the driver
-//! parked forever, which loom reports as a deadlock. The same model with the first store
-//! removed (the bug the rule prevents) must fail, which shows the check can fail: a stale
-//! `next_wake` from the previous turn hides the new timer from the producer. So must a driver
-//! that trusts the park token alone when a blocked delivery (crossbeam parking the driver
-//! thread) swallows it: that is what the `woken` flag is for. And so must producers that keep
-//! the old rule (one that finds the flag on does nothing) when the producer that set it stalls
-//! before its unpark: the early timer of a producer that has returned then waits for the
-//! stalled one. That is what the flag's `WAKING` state is for.
+//! The driver calls `Wake::scanning` before it scans the shard and `Wake::may_park` after, then
+//! parks; a producer inserts under the shard lock, then calls `Wake::timer_due`. Loom explores
+//! every interleaving; a lost wake-up leaves the driver parked forever, which loom reports as a
+//! deadlock. The checks can fail, and three tests show it: a driver that skips `scanning` (a
+//! stale deadline from the previous turn hides the new timer from the producer); a driver that
+//! parks whatever `may_park` says, trusting the park token alone when a blocked delivery
+//! (crossbeam parking the driver thread) swallows it, which is what the `woken` flag is for;
+//! and producers that keep the old rule (one that finds the flag on does nothing), written
+//! here against `Wake`'s fields, when the producer that set the flag stalls before its
+//! unpark: the early timer of a producer that has returned then waits for the stalled one.
+//! That is what the flag's `WAKING` state is for.
 
-use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+// The model uses what the engine uses, not every item of the file.
+#[allow(dead_code)]
+#[path = "../src/wake.rs"]
+mod wake;
+
+/// loom's atomics, where the engine has std's (`mod sync` in `src/lib.rs`).
+mod sync {
+    pub(crate) use loom::sync::atomic::{AtomicU64, Ordering::SeqCst};
+}
+
+use loom::sync::atomic::AtomicBool;
 use loom::sync::{Arc, Mutex, Notify};
 use loom::thread;
+
+use sync::SeqCst;
+use wake::{Wake, IDLE, WAKE_ONE, WAKE_STATE, WAKING, WOKEN};
 
 const LATE: u64 = 100;
 const EARLY: u64 = 5;
 
-/// `woken`'s states and the count of wake-ups above them, as in `src/timer.rs`.
-const IDLE: u64 = 0;
-const WAKING: u64 = 1;
-const WOKEN: u64 = 2;
-const WAKE_STATE: u64 = 3;
-const WAKE_ONE: u64 = 4;
-
 /// How the modelled producers wake the driver.
 #[derive(Clone, Copy, PartialEq)]
 enum Producers {
-    /// As `wake_driver` in `src/timer.rs`: one that finds the flag `WAKING` unparks too.
+    /// The engine's `Wake::timer_due`: one that finds the flag `WAKING` unparks too.
     Engine,
     /// The old rule (a bug the check below must catch): one that finds the flag on, in either
     /// state, does nothing.
@@ -44,9 +50,9 @@ enum Producers {
 enum Driver {
     /// As `drive` in `src/timer.rs`.
     Engine,
-    /// Does not publish `u64::MAX` before it scans.
+    /// Does not call `Wake::scanning` before it scans.
     NoScanMark,
-    /// Clears `woken` without looking at it, trusting the park token alone.
+    /// Parks whatever `Wake::may_park` says, trusting the park token alone.
     IgnoresWoken,
 }
 
@@ -85,26 +91,22 @@ fn model_with(
     builder.preemption_bound = Some(3);
     builder.check(move || {
         let shard = Arc::new(Mutex::new(vec![LATE]));
-        // What the previous turn published: a timer due at 3 that has since been cancelled.
-        let next_wake = Arc::new(AtomicU64::new(3));
-        let woken = Arc::new(AtomicU64::new(IDLE));
+        let wake = Arc::new(Wake::new());
+        // The previous turn published a timer due at 3 that has since been cancelled.
+        wake.scanning();
+        assert!(wake.may_park(Some(3)));
         let room = Arc::new(AtomicBool::new(false));
         // Announced by the driver once it has seen the earliest timer.
         let seen = Arc::new(Notify::new());
 
         let driver = {
-            let (shard, next_wake, woken, room, seen) = (
-                shard.clone(),
-                next_wake.clone(),
-                woken.clone(),
-                room.clone(),
-                seen.clone(),
-            );
+            let (shard, wake, room, seen) =
+                (shard.clone(), wake.clone(), room.clone(), seen.clone());
             thread::spawn(move || {
                 let mut delivered = !blocked_delivery;
                 loop {
                     if driver_kind != Driver::NoScanMark {
-                        next_wake.store(u64::MAX, SeqCst);
+                        wake.scanning();
                     }
                     let earliest = shard.lock().unwrap().iter().copied().min();
                     if earliest == Some(EARLY) {
@@ -119,11 +121,9 @@ fn model_with(
                             thread::park();
                         }
                     }
-                    let was_woken = woken.fetch_and(!WAKE_STATE, SeqCst) & WAKE_STATE != IDLE;
-                    if was_woken && driver_kind != Driver::IgnoresWoken {
+                    if !wake.may_park(earliest) && driver_kind != Driver::IgnoresWoken {
                         continue;
                     }
-                    next_wake.store(earliest.unwrap_or(u64::MAX), SeqCst);
                     thread::park();
                 }
             })
@@ -131,49 +131,29 @@ fn model_with(
 
         let mut handles: Vec<_> = (0..producers)
             .map(|i| {
-                let (shard, next_wake, woken, seen) = (
-                    shard.clone(),
-                    next_wake.clone(),
-                    woken.clone(),
-                    seen.clone(),
-                );
+                let (shard, wake, seen) = (shard.clone(), wake.clone(), seen.clone());
                 let driver = driver.thread().clone();
                 let due = EARLY + 2 * (producers - 1 - i) as u64;
                 let stalls = stalled_setter && i == 0;
                 thread::spawn(move || {
                     shard.lock().unwrap().push(due);
-                    if due >= next_wake.load(SeqCst) {
-                        return;
-                    }
-                    // One that finds the flag `WOKEN` does nothing; one that finds it `WAKING`
-                    // unparks too (not under the old rule); the one that turns it on unparks,
-                    // then marks it `WOKEN` unless the driver has cleared it meanwhile.
-                    let helps = producer_kind == Producers::Engine;
-                    let flag = woken.load(SeqCst);
-                    match flag & WAKE_STATE {
-                        WOKEN => return,
-                        WAKING => {
-                            if helps {
-                                driver.unpark();
-                            }
-                            return;
+                    // Blocked, not spinning: if nothing else wakes the driver, loom finds every
+                    // thread blocked and reports the deadlock.
+                    let stall = || {
+                        if stalls {
+                            seen.wait();
                         }
-                        _ => {}
-                    }
-                    let waking = (flag & !WAKE_STATE).wrapping_add(WAKE_ONE) | WAKING;
-                    match woken.compare_exchange(flag, waking, SeqCst, SeqCst) {
-                        Ok(_) => {
-                            if stalls {
-                                // Blocked, not spinning: if nothing else wakes the driver, loom
-                                // finds every thread blocked and reports the deadlock.
-                                seen.wait();
-                            }
+                    };
+                    match producer_kind {
+                        Producers::Engine => wake.timer_due(due, || {
+                            // The engine's producer unparks once at most per call: this stalls
+                            // the one that set the flag, or (stronger) one helping another.
+                            stall();
                             driver.unpark();
-                            let woken_now = (waking & !WAKE_STATE) | WOKEN;
-                            let _ = woken.compare_exchange(waking, woken_now, SeqCst, SeqCst);
+                        }),
+                        Producers::FlagOnDoesNothing => {
+                            old_rule(&wake, due, stall, || driver.unpark());
                         }
-                        Err(now) if helps && now & WAKE_STATE == WAKING => driver.unpark(),
-                        Err(_) => {}
                     }
                 })
             })
@@ -230,6 +210,31 @@ fn ignores_woken_child() {
 #[ignore = "run in a child process by under_the_old_rule_a_stalled_setter_delays_the_others"]
 fn flag_on_does_nothing_child() {
     model_with(Driver::Engine, Producers::FlagOnDoesNothing, 2, false, true);
+}
+
+/// `Wake::timer_due` under the old rule: one that finds the flag on, in either state, does
+/// nothing; one that turns it on calls `stall`, unparks, then marks it `WOKEN`.
+fn old_rule(wake: &Wake, due: u64, stall: impl Fn(), unpark: impl Fn()) {
+    if due >= wake.next_wake.load(SeqCst) {
+        return;
+    }
+    let flag = wake.woken.load(SeqCst);
+    if flag & WAKE_STATE != IDLE {
+        return;
+    }
+    let waking = (flag & !WAKE_STATE).wrapping_add(WAKE_ONE) | WAKING;
+    if wake
+        .woken
+        .compare_exchange(flag, waking, SeqCst, SeqCst)
+        .is_ok()
+    {
+        stall();
+        unpark();
+        let woken_now = (waking & !WAKE_STATE) | WOKEN;
+        let _ = wake
+            .woken
+            .compare_exchange(waking, woken_now, SeqCst, SeqCst);
+    }
 }
 
 fn fails_with_a_deadlock(child: &str) {
