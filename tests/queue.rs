@@ -1007,6 +1007,71 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
+/// A consumer whose only handler thread is stuck hands the tasks it holds to another consumer,
+/// which fires them on time, and claims nothing until the thread is free; the stuck task
+/// stays with it. (It used to keep them, renewed, for as long as it lived.)
+#[test]
+fn a_consumer_whose_handlers_are_stuck_hands_its_tasks_to_another() {
+    let Fixture {
+        server: _server,
+        rt,
+        cfg,
+        p,
+    } = fixture("stuck", |cfg| {
+        cfg.handler_threads = 1;
+        cfg.handler_stall = Duration::from_millis(500);
+        cfg.lookahead = Duration::from_secs(10);
+        cfg.reconcile = Duration::from_millis(200);
+    });
+    let fired: Fired = Arc::default();
+    let (started_tx, started) = crossbeam_channel::bounded(1);
+    let (release, released) = crossbeam_channel::bounded::<()>(1);
+    let handlers = recorder(&fired, 0, "job").on("hang", move |_| {
+        let _ = started_tx.send(());
+        let _ = released.recv();
+        Ok(())
+    });
+    let a = Consumer::start(cfg.clone(), handlers).unwrap();
+    // 20 tasks A holds, due well after the stall shows (500 ms after the stuck one starts).
+    let due = now_ms() + 4_000;
+    claimed_by(&rt, &p, &a, "j", 20, due);
+    enqueue_all(&rt, &p, "hang", vec![("hang".into(), now_ms())]);
+    started.recv_timeout(PATIENCE).unwrap();
+    let b = Consumer::start(cfg.clone(), recorder(&fired, 1, "job")).unwrap();
+    wait_until("A to hand its tasks back", || a.stats().given_back == 20);
+    assert_eq!(a.held(), 0);
+    // Claimed while A is stuck: only B may take them.
+    let later = now_ms() + 500;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..10).map(|i| (format!("k{i}"), later)).collect(),
+    );
+    wait_until("B to fire all 30", || fired.lock().len() == 30);
+    for (id, d) in fired.lock().iter() {
+        assert_eq!(d.len(), 1, "{id} fired twice");
+        assert_eq!(d[0].0, 1, "{id} fired on the stuck consumer");
+        let due = if id.starts_with('j') { due } else { later };
+        assert!(d[0].1 >= due * 1_000, "{id} early");
+        // Not held until the stuck handler returns (never, here) or a lease runs out (30 s).
+        assert!(d[0].1 < (due + 5_000) * 1_000, "{id} fired late");
+    }
+    assert_eq!(a.stats().claimed, 21, "A claimed while stuck");
+    // Free again: A acks its own task, which it kept, and claims again.
+    release.send(()).unwrap();
+    b.shutdown(Duration::from_secs(5)).unwrap();
+    wait_until("A's ack", || a.stats().acked == 1);
+    enqueue_all(&rt, &p, "job", vec![("after".into(), now_ms())]);
+    wait_until("A to fire again", || fired.lock().contains_key("after"));
+    assert_eq!(fired.lock()["after"][0].0, 0);
+    let s = a.stats();
+    assert_eq!((s.refused, s.recovered), (0, 0), "{s:?}");
+    a.shutdown(Duration::from_secs(5)).unwrap();
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0));
+}
+
 /// A shutdown whose acks Redis does not take in time says so: `Err`, not `Ok`. (The acks were
 /// dropped with the runtime and `Ok` came back; the tasks then ran again after their leases.)
 #[test]
@@ -1127,6 +1192,7 @@ fn sharded_queue_spreads_keys_and_assigned_consumers_cover_it() {
         |c: &mut QueueConfig| c.batch = 100_000,
         // Leases are counted in whole ms: a shorter one would end at the due time.
         |c: &mut QueueConfig| c.lease = Duration::from_micros(999),
+        |c: &mut QueueConfig| c.handler_stall = Duration::ZERO,
     ] {
         let mut bad = cfg.clone();
         tweak(&mut bad);

@@ -95,7 +95,8 @@ pub struct QueueStats {
     pub dead_lettered: u64,
     /// Expired leases this consumer's reaper returned to the queue.
     pub recovered: u64,
-    /// Claimed tasks handed back at shutdown.
+    /// Claimed tasks handed back: at shutdown, or while every handler thread was stuck (see
+    /// [`QueueConfig::handler_stall`](super::QueueConfig::handler_stall)).
     pub given_back: u64,
     /// Leases extended because their task was still being worked on.
     pub renewed: u64,
@@ -215,6 +216,14 @@ struct Shared {
     lateness: Mutex<Histogram<u64>>,
     /// Set by `abort`: fired tasks are dropped as a crashed process would drop them.
     aborted: AtomicBool,
+    /// Handler threads running a handler now, and when one last started (µs after `started`,
+    /// on the monotonic clock, which a step of the wall clock does not move): all of them
+    /// busy, none started for `handler_stall`, is a stall (see `stall_loop`).
+    busy: AtomicUsize,
+    last_start_us: AtomicU64,
+    started: std::time::Instant,
+    /// Whether the last stall check found the handlers stalled (a stall is logged once).
+    stalled: AtomicBool,
 }
 
 /// A consumer of the shared queue. Start several, in one process or many. Delivery is
@@ -225,9 +234,11 @@ struct Shared {
 /// it still fires there, at its old due time (its ack is then refused). Handlers are to be
 /// idempotent ([`Dedup`](super::Dedup) helps).
 ///
-/// A consumer whose handler threads all hang keeps claiming up to `max_held` tasks and renews
-/// their leases while it lives: no other consumer gets them until it is stopped (size
-/// `handler_threads` and `max_held` for that, and watch `delaywheel_queue_lateness_seconds`).
+/// A consumer whose handler threads are all stuck (each running one handler for
+/// [`handler_stall`](super::QueueConfig::handler_stall), none finished) hands the tasks it
+/// holds back to the queue and stops claiming until a thread is free: they fire elsewhere, on
+/// time, rather than wait behind the stuck handlers. The stuck handlers' own tasks stay, their
+/// leases renewed while they run.
 /// An ack that Redis refuses with an error no retry gets past (`NOPERM`, `WRONGTYPE` on a key
 /// another client wrote) is tried again for as long as the consumer lives.
 pub struct Consumer {
@@ -318,6 +329,10 @@ impl Consumer {
                     .map_err(|e| QueueError::Spawn(e.to_string()))?,
             ),
             aborted: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+            last_start_us: AtomicU64::new(0),
+            started: std::time::Instant::now(),
+            stalled: AtomicBool::new(false),
             cfg,
         });
         let timer = {
@@ -344,6 +359,7 @@ impl Consumer {
             })
             .collect();
         loops.push(rt.spawn(listen(shared.clone(), stop_rx.clone())));
+        loops.push(rt.spawn(stall_loop(shared.clone(), timer.clone(), stop_rx.clone())));
         // And a reaper per shard, for the same reason.
         loops.extend(
             (0..shared.claim_from.len())
@@ -517,7 +533,10 @@ impl Consumer {
                 failure = failure.or(f);
             }
         }
-        self.shared.counters.given_back.store(given as u64, Relaxed);
+        self.shared
+            .counters
+            .given_back
+            .fetch_add(given as u64, Relaxed);
         if let Some(f) = self.finish.take() {
             let _ = f.send(());
         }
@@ -542,76 +561,17 @@ impl Consumer {
         }
     }
 
-    /// Hands claimed tasks `(shard, id, owner, due)` back to the queue, [`PER_CALL`] per
-    /// script call, each call given until `deadline` (at least [`GIVE_BACK_FLOOR`]), and tried
-    /// again until then after an error a retry can get past. The shards go at once, each on
-    /// its own: after a lasting failure a shard stops (its other tasks are returned
-    /// by a reaper after their lease), and the others go on. Returns how many were handed back,
-    /// and the first failure.
+    /// Hands claimed tasks back to the queue (see [`hand_back`]), waiting on `rt`.
     fn give_back(
         &self,
         rt: &tokio::runtime::Runtime,
         tasks: Vec<(u32, String, Arc<str>, u64)>,
         deadline: std::time::Instant,
     ) -> (usize, Option<StoreError>) {
-        let by_shard = by_shard(
-            tasks
-                .into_iter()
-                .map(|(shard, id, owner, due)| (shard, (id, owner, due))),
-        );
-        let calls = by_shard.into_iter().map(|(shard, tasks)| {
-            let shared = self.shared.clone();
-            async move {
-                let keys = &shared.shards[shard as usize];
-                let mut given = 0;
-                for chunk in tasks.chunks(PER_CALL) {
-                    let mut inv = scripts::GIVE_BACK.prepare_invoke();
-                    inv.key(keys.lease())
-                        .key(keys.owner())
-                        .key(keys.due())
-                        .arg(shared.cfg.channel())
-                        .arg(shared.cfg.notify_before())
-                        .arg(shared.cfg.wake_suffix(shard));
-                    for (id, owner, due) in chunk {
-                        inv.arg(id.as_str()).arg(&**owner).arg(*due);
-                    }
-                    // Tried again while the error is one a retry can get past (a dropped
-                    // connection, a cluster reconfiguring) and time is left: the script checks
-                    // each owner, so a second run of a call that ran hands nothing back twice.
-                    let mut wait = Duration::from_millis(20);
-                    loop {
-                        let left = remaining(deadline).max(GIVE_BACK_FLOOR);
-                        match tokio::time::timeout(left, shared.conn.run::<u64>(&inv)).await {
-                            Ok(Ok(n)) => {
-                                given += n as usize;
-                                break;
-                            }
-                            Ok(Err(e))
-                                if super::link::passing(&e) && remaining(deadline) > wait =>
-                            {
-                                tracing::debug!(error = %e, shard, "hand-back failed; trying again");
-                                tokio::time::sleep(wait).await;
-                                wait = (wait * 2).min(Duration::from_millis(200));
-                            }
-                            Ok(Err(e)) => return (given, Some(StoreError::from(e))),
-                            Err(_) => {
-                                let e = "redis did not answer before the shutdown timeout";
-                                return (given, Some(StoreError::new(e)));
-                            }
-                        }
-                    }
-                }
-                (given, None)
-            }
-        });
-        match wait_on(rt, futures_util::future::join_all(calls)) {
-            Some(results) => results
-                .into_iter()
-                .fold((0, None), |(given, failure), (g, f)| {
-                    (given + g, failure.or(f))
-                }),
-            None => (0, Some(StoreError::new("the runtime stopped"))),
-        }
+        let (given, failure) = wait_on(rt, hand_back(self.shared.clone(), tasks, deadline))
+            .unwrap_or_else(|| (0, Some(StoreError::new("the runtime stopped"))));
+        metrics::counter!("delaywheel_queue_given_back_total").increment(given as u64);
+        (given, failure)
     }
 
     /// Stops at once, as a crash would: no hand-back, no acks sent, fired tasks not run, and
@@ -644,6 +604,72 @@ impl Drop for Consumer {
     }
 }
 
+/// Hands claimed tasks `(shard, id, owner, due)` back to the queue, [`PER_CALL`] per script
+/// call, each call given until `deadline` (at least [`GIVE_BACK_FLOOR`]), and tried again
+/// until then after an error a retry can get past. The shards go at once, each on its own:
+/// after a lasting failure a shard stops (its other tasks are returned by a reaper after their
+/// lease), and the others go on. Returns how many were handed back, and the first failure.
+async fn hand_back(
+    shared: Arc<Shared>,
+    tasks: Vec<(u32, String, Arc<str>, u64)>,
+    deadline: std::time::Instant,
+) -> (usize, Option<StoreError>) {
+    let by_shard = by_shard(
+        tasks
+            .into_iter()
+            .map(|(shard, id, owner, due)| (shard, (id, owner, due))),
+    );
+    let calls = by_shard.into_iter().map(|(shard, tasks)| {
+        let shared = shared.clone();
+        async move {
+            let keys = &shared.shards[shard as usize];
+            let mut given = 0;
+            for chunk in tasks.chunks(PER_CALL) {
+                let mut inv = scripts::GIVE_BACK.prepare_invoke();
+                inv.key(keys.lease())
+                    .key(keys.owner())
+                    .key(keys.due())
+                    .arg(shared.cfg.channel())
+                    .arg(shared.cfg.notify_before())
+                    .arg(shared.cfg.wake_suffix(shard));
+                for (id, owner, due) in chunk {
+                    inv.arg(id.as_str()).arg(&**owner).arg(*due);
+                }
+                // Tried again while the error is one a retry can get past (a dropped
+                // connection, a cluster reconfiguring) and time is left: the script checks
+                // each owner, so a second run of a call that ran hands nothing back twice.
+                let mut wait = Duration::from_millis(20);
+                loop {
+                    let left = remaining(deadline).max(GIVE_BACK_FLOOR);
+                    match tokio::time::timeout(left, shared.conn.run::<u64>(&inv)).await {
+                        Ok(Ok(n)) => {
+                            given += n as usize;
+                            break;
+                        }
+                        Ok(Err(e)) if super::link::passing(&e) && remaining(deadline) > wait => {
+                            tracing::debug!(error = %e, shard, "hand-back failed; trying again");
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(Duration::from_millis(200));
+                        }
+                        Ok(Err(e)) => return (given, Some(StoreError::from(e))),
+                        Err(_) => {
+                            let e = "redis did not answer before the hand-back's deadline";
+                            return (given, Some(StoreError::new(e)));
+                        }
+                    }
+                }
+            }
+            (given, None)
+        }
+    });
+    futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .fold((0, None), |(given, failure), (g, f)| {
+            (given + g, failure.or(f))
+        })
+}
+
 /// Runs on a handler thread when a claimed task's timer fires.
 fn fire(shared: &Shared, c: Claimed) {
     if shared.aborted.load(SeqCst) {
@@ -662,6 +688,8 @@ fn fire(shared: &Shared, c: Claimed) {
         // Its lease is renewed until its outcome is written.
         shared.working.lock().insert(key, c.owner.clone());
     }
+    shared.last_start_us.store(since_start_us(shared), SeqCst);
+    let busy = Busy::enter(shared);
     let late_us = now_us().saturating_sub(c.envelope.due_at.saturating_mul(1_000));
     // Saturating: a backlog hours late (after an outage) counts at the histogram's top,
     // rather than being left out of the maximum.
@@ -683,6 +711,8 @@ fn fire(shared: &Shared, c: Claimed) {
         }),
         None => Err(format!("unknown topic: {}", c.envelope.topic)),
     };
+    // Sending the outcome below may wait for a slow Redis: that is not a stalled handler.
+    drop(busy);
     let Claimed {
         shard,
         owner,
@@ -732,6 +762,92 @@ fn fire(shared: &Shared, c: Claimed) {
     // A handler thread, not the runtime: it may block while the resolver catches up. The
     // send fails only once the runtime is gone (abort), when nothing is written anyway.
     let _ = shared.outcomes.blocking_send(outcome);
+}
+
+/// A handler thread running a handler, counted in `Shared::busy` until dropped.
+struct Busy<'a>(&'a Shared);
+
+impl Busy<'_> {
+    fn enter(shared: &Shared) -> Busy<'_> {
+        shared.busy.fetch_add(1, SeqCst);
+        Busy(shared)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Whether every handler thread is running a handler, and the latest of them started at
+/// least `handler_stall` ago.
+fn handlers_stalled(shared: &Shared) -> bool {
+    if shared.busy.load(SeqCst) < shared.cfg.handler_threads {
+        return false;
+    }
+    let stall = u64::try_from(shared.cfg.handler_stall.as_micros()).unwrap_or(u64::MAX);
+    since_start_us(shared).saturating_sub(shared.last_start_us.load(SeqCst)) >= stall
+}
+
+/// Monotonic µs since the consumer started.
+fn since_start_us(shared: &Shared) -> u64 {
+    u64::try_from(shared.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Watches for stalled handlers (see [`handlers_stalled`]), every quarter of `handler_stall`
+/// (between 1 ms and 1 s). While they are stalled, no claim is sent (`Reserved::take`), and
+/// whatever this consumer holds, fired or not, is taken out of `held` and handed back to the
+/// queue (a task that fires here later finds its entry gone and does not run). If the hand-back
+/// fails, the tasks' leases are no longer renewed, and the reaper returns them.
+async fn stall_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch::Receiver<bool>) {
+    let every =
+        (shared.cfg.handler_stall / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if !handlers_stalled(&shared) {
+            if shared.stalled.swap(false, SeqCst) {
+                tracing::info!(consumer = %shared.id, "a handler thread is free again: claiming");
+            }
+            continue;
+        }
+        if !shared.stalled.swap(true, SeqCst) {
+            tracing::warn!(
+                consumer = %shared.id,
+                threads = shared.cfg.handler_threads,
+                stall = ?shared.cfg.handler_stall,
+                "every handler thread is stuck in one handler: handing held tasks back and \
+                 claiming none until a thread is free"
+            );
+        }
+        // Whoever removes an entry owns it: a handler that starts meanwhile finds its entry
+        // gone and does nothing.
+        let back: Vec<_> = shared
+            .held
+            .lock()
+            .drain()
+            .map(|((shard, id), (t, owner, due))| {
+                timer.cancel(t);
+                (shard, id, owner, due)
+            })
+            .collect();
+        if back.is_empty() {
+            continue;
+        }
+        let deadline = std::time::Instant::now() + shared.cfg.lease;
+        let (given, failure) = hand_back(shared.clone(), back, deadline).await;
+        shared.counters.given_back.fetch_add(given as u64, Relaxed);
+        metrics::counter!("delaywheel_queue_given_back_total").increment(given as u64);
+        tracing::info!(consumer = %shared.id, tasks = given, "held tasks handed back: the handlers are stuck");
+        if let Some(e) = failure {
+            tracing::warn!(consumer = %shared.id, error = %e, "handing back held tasks failed; they return after their leases");
+        }
+    }
 }
 
 /// Claims from the `i`-th assigned shard: at start, every `reconcile`, when notified of a task
@@ -850,9 +966,12 @@ struct Reserved<'a> {
 
 impl Reserved<'_> {
     /// Up to a batch of the room left under `max_held`, counting what other claims in flight
-    /// reserved; `None` if there is none. Reserved under `held`'s lock, so two claims cannot
+    /// reserved; `None` if there is none, or the handlers are stalled. Reserved under `held`'s lock, so two claims cannot
     /// both count the same room (a release meanwhile only makes the count conservative).
     fn take(shared: &Shared) -> Option<Reserved<'_>> {
+        if handlers_stalled(shared) {
+            return None;
+        }
         let held = shared.held.lock();
         let used = held.len().saturating_add(shared.reserved.load(SeqCst));
         let n = shared

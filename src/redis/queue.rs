@@ -146,6 +146,14 @@ pub struct QueueConfig {
     /// Threads running handlers per consumer (default 4; outside `1..=1024`,
     /// `QueueError::Config`).
     pub handler_threads: usize,
+    /// When every handler thread has been running the same handler this long (none started
+    /// another meanwhile), the consumer's handlers count as stalled: it hands every task it
+    /// holds back to the queue at once, for other consumers to fire on time, and claims
+    /// nothing until a thread is free again (default 10 s; at least 1 ms, or
+    /// `QueueError::Config`; `Duration::MAX`: never). The handlers that are running keep
+    /// their own tasks (renewed, with `renew_leases`, while they run). A hand-back is not a
+    /// lease expiry: it does not count towards `max_lease_expiries`.
+    pub handler_stall: Duration,
     /// Whether producers PUBLISH a wake-up for tasks due before the next reconcile
     /// (default true).
     pub notify: bool,
@@ -176,6 +184,7 @@ impl QueueConfig {
             retry: RetryPolicy::default(),
             max_lease_expiries: 3,
             handler_threads: 4,
+            handler_stall: Duration::from_secs(10),
             notify: true,
             max_envelope: 64 * 1024,
             consumer_id: None,
@@ -219,6 +228,9 @@ impl QueueConfig {
             return Err(QueueError::Config(
                 "reconcile and reaper_interval must be positive",
             ));
+        }
+        if self.handler_stall < Duration::from_millis(1) {
+            return Err(QueueError::Config("handler_stall must be at least 1 ms"));
         }
         // Leases are written in whole ms: a shorter one would end at the due time.
         if self.lease < Duration::from_millis(1) {
