@@ -1072,6 +1072,75 @@ fn a_consumer_whose_handlers_are_stuck_hands_its_tasks_to_another() {
     assert_eq!((depth.queued, depth.leased), (0, 0));
 }
 
+/// A stall hand-back that Redis refuses (here a broken `owner` key: an error no retry gets
+/// past) is tried again until it lands: the tasks reach another consumer on time, not after
+/// their leases.
+#[test]
+fn a_refused_stall_hand_back_is_tried_again() {
+    let Fixture { server, rt, cfg, p } = fixture("stuckretry", |cfg| {
+        cfg.handler_threads = 1;
+        cfg.handler_stall = Duration::from_millis(2_000);
+        cfg.lookahead = Duration::from_secs(20);
+        cfg.reconcile = Duration::from_millis(200);
+    });
+    let keys = KeyLayout::new("stuckretry").unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let fired: Fired = Arc::default();
+    let (started_tx, started) = crossbeam_channel::bounded(1);
+    let (release, released) = crossbeam_channel::bounded::<()>(1);
+    let handlers = recorder(&fired, 0, "job").on("hang", move |_| {
+        let _ = started_tx.send(());
+        let _ = released.recv();
+        Ok(())
+    });
+    let a = Consumer::start(cfg.clone(), handlers).unwrap();
+    let due = now_ms() + 9_000;
+    claimed_by(&rt, &p, &a, "j", 20, due);
+    enqueue_all(&rt, &p, "hang", vec![("hang".into(), now_ms())]);
+    started.recv_timeout(PATIENCE).unwrap();
+    // Every script that checks an owner now fails with WRONGTYPE.
+    let saved = format!("{}:saved", keys.owner());
+    redis::pipe()
+        .cmd("RENAME")
+        .arg(keys.owner())
+        .arg(&saved)
+        .cmd("SET")
+        .arg(keys.owner())
+        .arg("broken")
+        .query::<()>(&mut conn)
+        .unwrap();
+    wait_until("A to take its tasks out for the hand-back", || {
+        a.held() == 0
+    });
+    std::thread::sleep(Duration::from_millis(1_000)); // a few refused tries
+    assert_eq!(a.stats().given_back, 0, "handed back through a broken key");
+    redis::pipe()
+        .cmd("DEL")
+        .arg(keys.owner())
+        .cmd("RENAME")
+        .arg(&saved)
+        .arg(keys.owner())
+        .query::<()>(&mut conn)
+        .unwrap();
+    let b = Consumer::start(cfg.clone(), recorder(&fired, 1, "job")).unwrap();
+    wait_until("the hand-back to land", || a.stats().given_back == 20);
+    wait_until("B to fire all 20", || fired.lock().len() == 20);
+    for (id, d) in fired.lock().iter() {
+        assert_eq!((d.len(), d[0].0), (1, 1), "{id}: {d:?}");
+        assert!(d[0].1 >= due * 1_000, "{id} early");
+        assert!(d[0].1 < (due + 5_000) * 1_000, "{id} waited for its lease");
+    }
+    release.send(()).unwrap();
+    wait_until("A's ack", || a.stats().acked == 1);
+    b.shutdown(Duration::from_secs(5)).unwrap();
+    a.shutdown(Duration::from_secs(5)).unwrap();
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0));
+}
+
 /// A shutdown whose acks Redis does not take in time says so: `Err`, not `Ok`. (The acks were
 /// dropped with the runtime and `Ok` came back; the tasks then ran again after their leases.)
 #[test]

@@ -7,8 +7,11 @@
 //!   token; every later change (ack, retry, dead-letter, give back) is refused by Redis once
 //!   the lease was taken over, so a consumer that stalled past its lease cannot clobber the
 //!   new owner.
-//! * `held` maps each claimed, unfired task to its timer. Whoever removes an entry owns the
-//!   task's fate: the firing callback (runs the handler) or `shutdown` (hands it back).
+//! * `held` maps each claimed task not yet started to its timer. Whoever removes an entry owns
+//!   the task's fate: the firing callback (runs the handler), `shutdown` or the stall loop
+//!   (hand it back). The stall loop keeps what it took in `handing_back` until Redis has it
+//!   (renewed meanwhile), so a failed or interrupted hand-back is tried again, or by
+//!   `shutdown`, rather than left to a lease expiry.
 //! * Handlers run on the wheel's callback pool, never on the async runtime; their outcomes go
 //!   to the resolver task, which batches acks and writes each shard's calls as tasks of their
 //!   own, so a shard whose node hangs holds back no other shard's.
@@ -112,6 +115,9 @@ pub struct QueueStats {
 
 /// A claimed, unfired task: its timer, its owner value (`consumer|token`) and due time.
 type Held = (TimerId, Arc<str>, u64);
+
+/// A claimed task to hand back to the queue: shard, id, owner and due time (ms).
+type HandBack = (u32, String, Arc<str>, u64);
 
 /// A claimed task in the wheel.
 struct Claimed {
@@ -224,12 +230,14 @@ struct Shared {
     started: std::time::Instant,
     /// Whether the last stall check found the handlers stalled (a stall is logged once).
     stalled: AtomicBool,
+    /// Tasks the stall loop took out of `held` and has not yet handed back.
+    handing_back: Mutex<Vec<HandBack>>,
 }
 
 /// A consumer of the shared queue. Start several, in one process or many. Delivery is
 /// at-least-once: a claimed task is leased to one consumer, which fires it; it fires again
-/// elsewhere if that consumer dies, stalls past its lease (with `renew_leases` off, or a
-/// backlog longer than the lease), or the task is enqueued again with `replace` while claimed
+/// elsewhere if that consumer dies, stalls past its lease (with `renew_leases` off), its
+/// handler threads are all stuck (below), or the task is enqueued again with `replace` while claimed
 /// (the old copy's ack is then refused). A task cancelled by a producer while a consumer holds
 /// it still fires there, at its old due time (its ack is then refused). Handlers are to be
 /// idempotent ([`Dedup`](super::Dedup) helps).
@@ -333,6 +341,7 @@ impl Consumer {
             last_start_us: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stalled: AtomicBool::new(false),
+            handing_back: Mutex::new(Vec::new()),
             cfg,
         });
         let timer = {
@@ -460,8 +469,10 @@ impl Consumer {
             aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
         // Take every unfired task out of the wheel. Entries whose timer already fired stay:
-        // their handlers run (or wait in the pool's queue) and settle them.
-        let mut back = Vec::new();
+        // their handlers run (or wait in the pool's queue) and settle them. What a stall
+        // hand-back had not brought back yet goes too (a second hand-back of a task Redis took
+        // finds another owner or none, and changes nothing).
+        let mut back = std::mem::take(&mut *self.shared.handing_back.lock());
         self.shared
             .held
             .lock()
@@ -565,7 +576,7 @@ impl Consumer {
     fn give_back(
         &self,
         rt: &tokio::runtime::Runtime,
-        tasks: Vec<(u32, String, Arc<str>, u64)>,
+        tasks: Vec<HandBack>,
         deadline: std::time::Instant,
     ) -> (usize, Option<StoreError>) {
         let (given, failure) = wait_on(rt, hand_back(self.shared.clone(), tasks, deadline))
@@ -611,7 +622,7 @@ impl Drop for Consumer {
 /// lease), and the others go on. Returns how many were handed back, and the first failure.
 async fn hand_back(
     shared: Arc<Shared>,
-    tasks: Vec<(u32, String, Arc<str>, u64)>,
+    tasks: Vec<HandBack>,
     deadline: std::time::Instant,
 ) -> (usize, Option<StoreError>) {
     let by_shard = by_shard(
@@ -683,7 +694,9 @@ fn fire(shared: &Shared, c: Claimed) {
             Some((_, owner, _)) if **owner == *c.owner => {
                 held.remove(&key);
             }
-            _ => return, // handed back at shutdown, or superseded by a newer claim
+            // Handed back (at shutdown, or while the handlers were stuck), or superseded by a
+            // newer claim.
+            _ => return,
         }
         // Its lease is renewed until its outcome is written.
         shared.working.lock().insert(key, c.owner.clone());
@@ -814,6 +827,8 @@ async fn stall_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch:
             if shared.stalled.swap(false, SeqCst) {
                 tracing::info!(consumer = %shared.id, "a handler thread is free again: claiming");
             }
+            // A hand-back that failed is tried again, stalled or not.
+            retry_hand_back(&shared, &mut stop).await;
             continue;
         }
         if !shared.stalled.swap(true, SeqCst) {
@@ -827,7 +842,7 @@ async fn stall_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch:
         }
         // Whoever removes an entry owns it: a handler that starts meanwhile finds its entry
         // gone and does nothing.
-        let back: Vec<_> = shared
+        let taken: Vec<_> = shared
             .held
             .lock()
             .drain()
@@ -836,16 +851,36 @@ async fn stall_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch:
                 (shard, id, owner, due)
             })
             .collect();
-        if back.is_empty() {
-            continue;
+        shared.handing_back.lock().extend(taken);
+        retry_hand_back(&shared, &mut stop).await;
+    }
+}
+
+/// Hands back what the stall loop took (`handing_back`): the whole list, again after a failure
+/// (the script skips a task no longer leased to this consumer). Returns early, leaving the list
+/// to `shutdown`, once the consumer stops.
+async fn retry_hand_back(shared: &Arc<Shared>, stop: &mut watch::Receiver<bool>) {
+    let back = shared.handing_back.lock().clone();
+    if back.is_empty() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + shared.cfg.lease / 3;
+    let (given, failure) = tokio::select! {
+        r = hand_back(shared.clone(), back.clone(), deadline) => r,
+        _ = stop.changed() => return,
+    };
+    shared.counters.given_back.fetch_add(given as u64, Relaxed);
+    metrics::counter!("delaywheel_queue_given_back_total").increment(given as u64);
+    match failure {
+        None => {
+            let mut list = shared.handing_back.lock();
+            // Only what this call carried: the loop alone adds to the list, between calls.
+            let n = back.len().min(list.len());
+            list.drain(..n);
+            tracing::info!(consumer = %shared.id, tasks = given, "held tasks handed back: the handlers are stuck");
         }
-        let deadline = std::time::Instant::now() + shared.cfg.lease;
-        let (given, failure) = hand_back(shared.clone(), back, deadline).await;
-        shared.counters.given_back.fetch_add(given as u64, Relaxed);
-        metrics::counter!("delaywheel_queue_given_back_total").increment(given as u64);
-        tracing::info!(consumer = %shared.id, tasks = given, "held tasks handed back: the handlers are stuck");
-        if let Some(e) = failure {
-            tracing::warn!(consumer = %shared.id, error = %e, "handing back held tasks failed; they return after their leases");
+        Some(e) => {
+            tracing::warn!(consumer = %shared.id, error = %e, tasks = back.len(), "handing back held tasks failed; trying again");
         }
     }
 }
@@ -892,7 +927,8 @@ async fn claim_loop(
         let mut full = false;
         let mut no_room = false;
         let mut failed = false;
-        match claim(&shared, &timer, shard, nonce).await {
+        // After a failure the nonce is kept: the claim may answer a batch already leased here.
+        match claim(&shared, &timer, shard, nonce, failures > 0).await {
             Ok(Some(Took { n, asked })) => {
                 // Full (as many as it asked for): claim again at once if there is room.
                 full = n >= asked;
@@ -966,10 +1002,12 @@ struct Reserved<'a> {
 
 impl Reserved<'_> {
     /// Up to a batch of the room left under `max_held`, counting what other claims in flight
-    /// reserved; `None` if there is none, or the handlers are stalled. Reserved under `held`'s lock, so two claims cannot
+    /// reserved; `None` if there is none, or the handlers are stalled and this is not the
+    /// `replay` of a failed claim (whose batch may be leased here already: it is taken in, and
+    /// handed back by the stall loop, rather than left to its leases). Reserved under `held`'s lock, so two claims cannot
     /// both count the same room (a release meanwhile only makes the count conservative).
-    fn take(shared: &Shared) -> Option<Reserved<'_>> {
-        if handlers_stalled(shared) {
+    fn take(shared: &Shared, replay: bool) -> Option<Reserved<'_>> {
+        if !replay && handlers_stalled(shared) {
             return None;
         }
         let held = shared.held.lock();
@@ -1002,16 +1040,17 @@ struct Took {
 }
 
 /// One claim on `shard` with `nonce` (the nonce of a failed claim answers that claim's batch
-/// again); puts the tasks in the wheel. `None` if there was no room under `max_held`: no claim
-/// was sent.
+/// again, `replay`); puts the tasks in the wheel. `None` if there was no room under
+/// `max_held`, or the handlers are stalled: no claim was sent.
 async fn claim(
     shared: &Shared,
     timer: &Timer<Claimed>,
     shard: u32,
     nonce: u64,
+    replay: bool,
 ) -> Result<Option<Took>, QueueError> {
     let cfg = &shared.cfg;
-    let Some(room) = Reserved::take(shared) else {
+    let Some(room) = Reserved::take(shared, replay) else {
         return Ok(None);
     };
     let asked = room.n;
@@ -1706,6 +1745,14 @@ fn renewals(shared: &Shared) -> HashMap<u32, Vec<(String, Arc<str>)>> {
             .lock()
             .iter()
             .map(|((shard, id), owner)| (*shard, (id.clone(), owner.clone()))),
+    );
+    // Taken for a hand-back Redis has not confirmed yet: leased to this consumer until then.
+    tasks.extend(
+        shared
+            .handing_back
+            .lock()
+            .iter()
+            .map(|(shard, id, owner, _)| (*shard, (id.clone(), owner.clone()))),
     );
     by_shard(tasks)
 }

@@ -120,7 +120,8 @@ pub struct QueueConfig {
     /// Whether a consumer extends, every `lease / 3`, the leases of the tasks it is working
     /// on: due ones waiting for a handler thread, and those whose handler runs or whose
     /// outcome is not written yet (default true). A slow handler or a backlog then keeps its
-    /// tasks for as long as this consumer lives and answers; a consumer that crashes or
+    /// tasks for as long as this consumer lives and answers (but see `handler_stall`: once
+    /// every handler thread is stuck, the tasks waiting are handed back); a consumer that crashes or
     /// stalls stops renewing, and its tasks fire elsewhere after the lease; a handler that
     /// never returns keeps its task for as long as its consumer lives. Off, a task whose
     /// handler has not finished by the end of its lease runs again elsewhere.
@@ -152,7 +153,9 @@ pub struct QueueConfig {
     /// nothing until a thread is free again (default 10 s; at least 1 ms, or
     /// `QueueError::Config`; `Duration::MAX`: never). The handlers that are running keep
     /// their own tasks (renewed, with `renew_leases`, while they run). A hand-back is not a
-    /// lease expiry: it does not count towards `max_lease_expiries`.
+    /// lease expiry: it does not count towards `max_lease_expiries`. Handlers that are slow
+    /// by design (every thread often in a job longer than this) make the consumer hand its
+    /// tasks back and claim them again each time: raise it above their longest run.
     pub handler_stall: Duration,
     /// Whether producers PUBLISH a wake-up for tasks due before the next reconcile
     /// (default true).

@@ -244,8 +244,10 @@ return 1
 
 /// KEYS: lease, owner, due. ARGV: channel, notify before (ms), wake-up suffix (`:shard`, or
 /// empty), then id1, owner1, due1, ...
-/// Hands claimed, unfired tasks back to the queue at their due time (graceful shutdown) and
-/// wakes the other consumers for the earliest. Returns how many were handed back.
+/// Hands claimed tasks not started here back to the queue at their due time (at a graceful
+/// shutdown, or while the consumer's handler threads are all stuck), skipping any no longer
+/// leased to the owner given, and wakes the other consumers for the earliest. Returns how many
+/// were handed back.
 pub(crate) static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
