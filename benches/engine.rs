@@ -72,6 +72,19 @@ fn bench_schedule_cancel(c: &mut Criterion) {
             assert!(sleep.as_mut().poll(&mut cx).is_pending());
         })
     });
+    // What any schedule + cancel through sharded, locked wheels pays before touching a wheel:
+    // one clock read and two uncontended lock/unlock pairs (the design: one shard lock
+    // for the schedule, one for the cancel). If this alone is over 0.25x tokio's `Sleep`, so
+    // is every such engine.
+    let shard = Mutex::new(0u64);
+    group.bench_function("floor_clock_read_and_two_locks", |b| {
+        b.iter(|| {
+            let now = black_box(Instant::now());
+            *shard.lock() += black_box(1);
+            *shard.lock() -= black_box(1);
+            now
+        })
+    });
     group.bench_function("tokio_sleep_unpolled", |b| {
         b.iter(|| {
             let sleep = Box::pin(tokio::time::sleep(FAR));
