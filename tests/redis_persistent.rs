@@ -198,6 +198,68 @@ fn redis_down_bound_exceeded_refuses_and_the_flusher_catches_up() {
     assert_eq!(redis_int(&server, &["ZCARD", "{down}:due"]), 50);
 }
 
+/// A Redis at `maxmemory` (policy `noeviction`) refuses every batch with a ZADD or HSET in it,
+/// and takes removals, which free its memory: cancels reach it, in the round that also carries
+/// refused writes and in the probes after it, instead of waiting behind writes that cannot
+/// land. (Rounds wrote their upserts first and stopped at the first refusal, and probes took
+/// any batch of the journal: cancels stayed unwritten for as long as Redis was full.)
+#[test]
+fn cancels_reach_a_redis_at_maxmemory_that_refuses_writes() {
+    let server = RedisServer::start_in_memory();
+    let mut cfg = config(&server, "full");
+    cfg.batch = 20;
+    let (p, _fired) = Persistent::start(cfg).unwrap();
+    let later = now_ms() + 3_600_000;
+    for i in 0..300 {
+        p.schedule(format!("old{i}"), "t", serde_json::Value::Null, later)
+            .unwrap();
+    }
+    assert!(p.flush(PATIENCE));
+    assert_eq!(redis_int(&server, &["ZCARD", "{full}:due"]), 300);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let set_maxmemory = |conn: &mut redis::Connection, bytes: &str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("noeviction")
+            .arg("maxmemory")
+            .arg(bytes)
+            .query::<()>(conn)
+            .unwrap();
+    };
+    set_maxmemory(&mut conn, "1");
+    // One round: 200 writes Redis refuses, 30 cancels it takes.
+    for i in 0..200 {
+        p.schedule(format!("new{i}"), "t", serde_json::Value::Null, later)
+            .unwrap();
+    }
+    for i in 0..30 {
+        assert!(p.cancel(&format!("old{i}")));
+    }
+    assert!(
+        !p.flush(Duration::from_millis(300)),
+        "Redis took writes at maxmemory"
+    );
+    let wait_for = |n: i64, what: &str| {
+        let start = Instant::now();
+        while redis_int(&server, &["ZCARD", "{full}:due"]) != n {
+            assert!(start.elapsed() < PATIENCE, "{what} did not reach Redis");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(270, "the cancels of the refused round");
+    // Cancels made while the flusher only probes (one batch per try).
+    for i in 30..60 {
+        assert!(p.cancel(&format!("old{i}")));
+    }
+    wait_for(240, "the cancels made while Redis is full");
+    set_maxmemory(&mut conn, "0");
+    assert!(p.flush(PATIENCE));
+    assert_eq!(redis_int(&server, &["ZCARD", "{full}:due"]), 440);
+    assert_eq!(redis_int(&server, &["HLEN", "{full}:tasks"]), 440);
+}
+
 #[test]
 fn write_through_returns_once_redis_has_the_task() {
     let server = RedisServer::start();

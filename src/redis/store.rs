@@ -27,6 +27,24 @@ return 1
     )
 });
 
+/// KEYS: due, tasks. ARGV: ids. Removes each from both, atomically (one script). A script,
+/// not a MULTI: a Redis at `maxmemory` refuses every command queued in a MULTI, and runs a
+/// script whose commands free memory (ZREM, HDEL are not refused there). In slices, as
+/// `unpack` takes a bounded number of values.
+static REMOVE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local n = #ARGV
+for i = 1, n, 1000 do
+  local j = math.min(i + 999, n)
+  redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
+  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
+end
+return n
+",
+    )
+});
+
 /// KEYS: due, tasks, dead. ARGV: per entry, its id, `1` or `0` (whether an envelope was read
 /// for it), the envelope read, its dead record, and the score read if that is what is broken
 /// (else empty). Moves each entry whose envelope (and broken score) is still the one read (or
@@ -348,7 +366,10 @@ impl RedisStore {
     }
 
     /// Applies a batch in one MULTI/EXEC with multi-member commands, so the ZSET and the HASH
-    /// change together. When an id appears more than once, its last operation wins.
+    /// change together. When an id appears more than once, its last operation wins. A batch of
+    /// removals only is one script instead (as atomic), which a Redis at `maxmemory` still
+    /// runs: the flusher sends removals in batches of their own, so cancels and acks reach a
+    /// full Redis and free its memory.
     ///
     /// Ops are written as given, not checked: an upsert that breaks [`Op`]'s limits (an empty
     /// id, a due time past 2^53 − 1, an envelope naming another id) is stored, and the next
@@ -384,6 +405,16 @@ impl RedisStore {
                 }
                 Op::Remove(id) => remove.push(id),
             }
+        }
+        if upserts == 0 && !remove.is_empty() {
+            let mut script = REMOVE.prepare_invoke();
+            script.key(self.keys.due()).key(self.keys.tasks());
+            for id in &remove {
+                script.arg(*id);
+            }
+            let mut conn = self.conn.clone();
+            script.invoke_async::<i64>(&mut conn).await?;
+            return Ok(());
         }
         let mut pipe = redis::pipe();
         pipe.atomic();
