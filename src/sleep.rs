@@ -91,6 +91,13 @@ impl std::error::Error for TimeoutError {}
 /// An engine for futures: `sleep` and `timeout` on the wheel, so that a gateway can move its
 /// request timeouts off the runtime's global timer. Cheap to clone.
 ///
+/// A pending [`Sleep`] holds a handle to its engine, so the engine (and its driver thread)
+/// lives while any sleep does, also after every `Sleeper` is dropped. On an executor that
+/// drops its tasks when it shuts down (tokio) that ends with them. On one whose tasks are owned
+/// by their wakers, a task left pending when the executor goes away is held by its own sleep's
+/// timer: call `timer().shutdown()` first, which wakes every pending sleep with
+/// [`EngineShutdown`].
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -142,7 +149,9 @@ impl Sleeper {
 
     /// Runs `future` with a deadline `delay` from now. It resolves to the future's output, to
     /// [`TimeoutError::Elapsed`] at the deadline, or to [`TimeoutError::Shutdown`] if the
-    /// engine shuts down first (then the future is not polled again).
+    /// engine shuts down first (then the future is not polled again). Each poll polls `future`
+    /// first: on an engine already shut down (which refuses the timer), a `future` ready at
+    /// its first poll still gives its output.
     pub fn timeout<F: Future>(&self, delay: Duration, future: F) -> Timeout<F> {
         Timeout {
             future,

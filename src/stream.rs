@@ -15,7 +15,9 @@ use crate::timer::{Expiration, Timer, TimerBuilder};
 
 /// The expirations of an engine built with [`TimerBuilder::build_stream`], as a
 /// `futures_core::Stream`. It ends once the engine has shut down and everything delivered has
-/// been read.
+/// been read. A [`Timer::shutdown`] called from within one of the engine's own turns (this
+/// stream's waker, run by the driver thread, or [`Timer::fire_due`]) does not end it: the
+/// stream ends at the next `shutdown` from outside a turn, or once the last handle is dropped.
 pub struct ExpirationStream<T> {
     rx: Receiver<Expiration<T>>,
     waker: Arc<AtomicWaker>,

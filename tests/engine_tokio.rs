@@ -21,8 +21,16 @@ async fn stream_yields_expirations_in_deadline_order_then_ends() {
         .unwrap();
     let base = clock.now();
     timer.schedule_at(3u32, base + 30 * MS).unwrap();
-    timer.schedule_at(1u32, base + 10 * MS).unwrap();
     timer.schedule_at(2u32, base + 20 * MS).unwrap();
+    // From another thread, so into the other shard: the turn that collects 1 and 2 takes them
+    // from two shards, the one holding the later first, and must deliver them merged.
+    let t = timer.clone();
+    std::thread::spawn(move || t.schedule_at(1u32, base + 10 * MS).unwrap())
+        .join()
+        .unwrap();
+    let mut per_shard = timer.stats().pending_per_shard;
+    per_shard.sort_unstable();
+    assert_eq!(per_shard, [1, 2], "not spread over both shards");
     let mut got = Vec::new();
     for step in [29 * MS, MS] {
         clock.advance(step);
@@ -86,7 +94,11 @@ async fn shutdown_wakes_pending_sleeps_with_an_error() {
     let sleeper = Sleeper::new().unwrap();
     let s = sleeper.clone();
     let waiter = tokio::spawn(async move { s.sleep(Duration::from_secs(3600)).await });
-    tokio::time::sleep(5 * MS).await;
+    // Scheduled before the shutdown, so it is the shutdown that ends it (a sleep created after
+    // it is refused with the same error).
+    while sleeper.timer().is_empty() {
+        tokio::time::sleep(MS).await;
+    }
     drop(sleeper.timer().shutdown());
     assert_eq!(waiter.await.unwrap(), Err(EngineShutdown));
     assert_eq!(sleeper.sleep(MS).await, Err(EngineShutdown));
@@ -213,6 +225,11 @@ fn a_panicking_waker_does_not_stop_the_driver() {
         count.0.load(SeqCst),
         1,
         "the driver died with the first waker"
+    );
+    // The first did fire (its waker panicked), rather than never firing at all.
+    assert_eq!(
+        first.as_mut().poll(&mut Context::from_waker(Waker::noop())),
+        std::task::Poll::Ready(Ok(()))
     );
 }
 

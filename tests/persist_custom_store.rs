@@ -283,7 +283,6 @@ fn the_engine_persists_and_restores_through_another_store() {
     assert_eq!(report.loaded, 800);
     assert!(expected.iter().all(|id| p.contains(id)));
     assert!(!p.contains("t0"));
-    assert!(store.calls.load(SeqCst) > 0);
 }
 
 /// A store call that panics fails like a store that is down: a batch's changes are put back
@@ -962,7 +961,10 @@ fn a_failed_restore_holds_snapshots_back() {
 
 /// A task scheduled and cancelled while a restore runs, before the restore read the row a
 /// previous process left for the same id: the row is removed, or the task came back after the
-/// next restart.
+/// next restart. Two safeguards each remove it, and this passes while either works (checked
+/// on 2026-12-04 by disabling each in turn): until a restore has completed, a cancel journals
+/// the removal even of a task this engine never wrote; and a restore that reads a row of an id
+/// cancelled since it began, with no removal on its way, journals one.
 #[test]
 fn a_row_for_a_task_cancelled_during_the_restore_is_removed() {
     let store = stored((0..30).map(|i| format!("t{i:02}")));
