@@ -260,6 +260,139 @@ fn cancels_reach_a_redis_at_maxmemory_that_refuses_writes() {
     assert_eq!(redis_int(&server, &["HLEN", "{full}:tasks"]), 440);
 }
 
+/// A rolling deploy: the new process's engine starts while the old one runs. Its `start` waits
+/// for the old engine's `shutdown` (which gives the writer lease up), so its restore reads what
+/// the old one wrote last, also a task scheduled after the new one began to wait. (Both used to
+/// run at once: the new restore read Redis before that task was written, and it fired nowhere.)
+#[test]
+fn a_new_engine_waits_for_the_old_ones_shutdown_and_restores_its_last_tasks() {
+    let server = RedisServer::start_in_memory();
+    let cfg = config(&server, "deploy");
+    let (old, _old_fired) = Persistent::start(cfg.clone()).unwrap();
+    let later = now_ms() + 3_600_000;
+    old.schedule("early", "t", serde_json::Value::Null, later)
+        .unwrap();
+    let (started_tx, started) = crossbeam_channel::bounded(1);
+    let new = std::thread::spawn(move || {
+        let begun = Instant::now();
+        let (new, fired) = Persistent::start(cfg).unwrap();
+        started_tx.send(begun.elapsed()).unwrap();
+        (new, fired)
+    });
+    // The new engine is waiting (for up to `takeover_wait`, 30 s) while the old one works on.
+    assert!(
+        started.recv_timeout(Duration::from_millis(500)).is_err(),
+        "the new engine started beside the old one"
+    );
+    old.schedule("last", "t", serde_json::Value::Null, later)
+        .unwrap();
+    assert!(old.shutdown().is_empty());
+    let waited = started.recv_timeout(PATIENCE).unwrap();
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+    let (new, _fired) = new.join().unwrap();
+    assert_eq!(new.restore(100).unwrap().loaded, 2);
+    assert!(new.contains("early") && new.contains("last"));
+    new.shutdown();
+}
+
+/// An engine that never gives the lease up (a process still running): `start` fails after
+/// `takeover_wait`, naming it. A lease left by a crashed process expires, and `start` takes it
+/// then.
+#[test]
+fn start_waits_for_a_held_lease_at_most_takeover_wait() {
+    let server = RedisServer::start_in_memory();
+    let mut cfg = config(&server, "held");
+    cfg.takeover_wait = Duration::from_millis(300);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let hold = |conn: &mut redis::Connection, ms: u64| {
+        redis::cmd("SET")
+            .arg("{held}:engine")
+            .arg("other-engine")
+            .arg("PX")
+            .arg(ms)
+            .query::<()>(conn)
+            .unwrap();
+    };
+    hold(&mut conn, 60_000);
+    let begun = Instant::now();
+    match Persistent::start(cfg.clone()) {
+        Err(PersistError::EngineRunning(holder)) => assert_eq!(holder, "other-engine"),
+        other => panic!("expected EngineRunning, got {other:?}"),
+    }
+    assert!(begun.elapsed() >= Duration::from_millis(300));
+    // A crashed holder's lease, 700 ms left: waited out, then taken.
+    hold(&mut conn, 700);
+    cfg.takeover_wait = PATIENCE;
+    let begun = Instant::now();
+    let (p, _fired) = Persistent::start(cfg).unwrap();
+    assert!(begun.elapsed() >= Duration::from_millis(500));
+    let holder: String = redis::cmd("GET")
+        .arg("{held}:engine")
+        .query(&mut conn)
+        .unwrap();
+    assert_ne!(holder, "other-engine");
+    p.shutdown();
+    let gone: Option<String> = redis::cmd("GET")
+        .arg("{held}:engine")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(gone, None, "shutdown did not give the lease up");
+}
+
+/// An engine whose lease another engine took (it could not renew it in time) writes nothing,
+/// and refuses to restore, until it has the lease again; its changes wait in the journal.
+#[test]
+fn an_engine_that_lost_its_lease_writes_nothing_until_it_has_it_again() {
+    let server = RedisServer::start_in_memory();
+    let mut cfg = config(&server, "fenced");
+    cfg.engine_lease = Duration::from_millis(300);
+    let (p, _fired) = Persistent::start(cfg).unwrap();
+    let later = now_ms() + 3_600_000;
+    p.schedule("before", "t", serde_json::Value::Null, later)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+    redis_int(&server, &["DEL", "{fenced}:engine"]);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    redis::cmd("SET")
+        .arg("{fenced}:engine")
+        .arg("intruder")
+        .query::<()>(&mut conn)
+        .unwrap();
+    // Its next renewal (every 100 ms) finds the intruder.
+    let start = Instant::now();
+    loop {
+        match p.restore(10) {
+            Err(PersistError::EngineRunning(holder)) => {
+                assert_eq!(holder, "intruder");
+                break;
+            }
+            other => {
+                assert!(start.elapsed() < PATIENCE, "lease loss not seen: {other:?}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    p.schedule("while_fenced", "t", serde_json::Value::Null, later)
+        .unwrap();
+    assert!(
+        !p.flush(Duration::from_millis(500)),
+        "wrote without the lease"
+    );
+    assert_eq!(
+        redis_int(&server, &["HEXISTS", "{fenced}:tasks", "while_fenced"]),
+        0
+    );
+    redis_int(&server, &["DEL", "{fenced}:engine"]);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(
+        redis_int(&server, &["HEXISTS", "{fenced}:tasks", "while_fenced"]),
+        1
+    );
+    p.shutdown();
+}
+
 #[test]
 fn write_through_returns_once_redis_has_the_task() {
     let server = RedisServer::start();

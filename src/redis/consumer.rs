@@ -294,15 +294,10 @@ impl Consumer {
             async move { Conn::open(&open_cfg, &open_shards).await },
         )
         .ok_or(QueueError::Spawn("the runtime stopped".into()))??;
-        let id = cfg.consumer_id.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
-            format!(
-                "{}-{}-{:08x}",
-                host.trim(),
-                std::process::id(),
-                fastrand::u32(..)
-            )
-        });
+        let id = cfg
+            .consumer_id
+            .clone()
+            .unwrap_or_else(super::layout::instance_name);
         let mut claim_from = cfg
             .assigned_shards
             .clone()

@@ -512,6 +512,16 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             state.journal.kicked = false;
         }
         let stopping = inner.stopping.load(SeqCst);
+        if !inner.holds_lease() {
+            // Another engine may be writing the namespace (see `PersistConfig::engine_lease`):
+            // nothing is written, and the journal keeps every change, until the lease loop has
+            // the lease again (and kicks). A final round is not run either: `shutdown` hands
+            // back what was not written.
+            if stopping {
+                break;
+            }
+            continue;
+        }
         // The final round takes everything, whatever the state of the store.
         let probe = journal_down && !stopping;
         let mut whole = true;

@@ -13,7 +13,20 @@ pub struct KeyLayout {
     fence: String,
     expired: String,
     kind: String,
+    engine: String,
     ns: String,
+}
+
+/// A name for this process in leases and logs: host, pid and a random number (so that two
+/// instances in one process differ too).
+pub(crate) fn instance_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    format!(
+        "{}-{}-{:08x}",
+        host.trim(),
+        std::process::id(),
+        fastrand::u32(..)
+    )
 }
 
 /// A namespace that cannot be used as a hash tag.
@@ -73,6 +86,7 @@ impl KeyLayout {
             fence: format!("{{{ns}}}:fence"),
             expired: format!("{{{ns}}}:expired"),
             kind: format!("{{{ns}}}:kind"),
+            engine: format!("{{{ns}}}:engine"),
             ns: ns.to_string(),
         })
     }
@@ -127,6 +141,13 @@ impl KeyLayout {
     /// checked by every later one (see [`NamespaceInUse`]).
     pub fn kind(&self) -> &str {
         &self.kind
+    }
+
+    /// The writer lease of a [`Persistent`](super::Persistent) engine: the name of the engine
+    /// that writes the namespace, expiring unless it renews it (see
+    /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)).
+    pub fn engine(&self) -> &str {
+        &self.engine
     }
 
     /// The namespace.

@@ -24,7 +24,7 @@ use hashbrown::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -123,6 +123,19 @@ pub struct PersistConfig {
     /// The wall clock due times are read against (default: the system's). A manual one also
     /// drives the engine's timer, for deterministic tests.
     pub clock: WallClock,
+    /// How long the engine's writer lease (`{ns}:engine`, holding the engine's name) lasts
+    /// unless renewed (default 5 s; renewed every third of it). An engine writes to Redis, and
+    /// restores from it, only while it holds the lease, so that the engine of a new process
+    /// waits for the old one's `shutdown` (which gives the lease up) or, after a crash, for
+    /// the lease to expire. One that loses it (it could not renew it in time, and another
+    /// engine took it) stops writing, keeping its changes in the journal, until it has it
+    /// again. `10 ms..=1 day`, else `start` fails with [`PersistError::Config`].
+    pub engine_lease: Duration,
+    /// How long `start` waits for another engine's lease to be given up or to expire before
+    /// it fails with [`PersistError::EngineRunning`] (default 30 s). If Redis cannot be asked
+    /// (down or slow), `start` does not wait: the engine starts without the lease, writes
+    /// nothing until its lease loop takes it, and a `restore` until then fails.
+    pub takeover_wait: Duration,
 }
 
 impl PersistConfig {
@@ -136,6 +149,11 @@ impl PersistConfig {
             ));
         }
         crate::error::capacity(self.fired_bound).map_err(PersistError::Build)?;
+        if !(Duration::from_millis(10)..=Duration::from_secs(86_400)).contains(&self.engine_lease) {
+            return Err(PersistError::Config(
+                "engine_lease must be between 10 ms and a day",
+            ));
+        }
         Ok(())
     }
 
@@ -155,6 +173,8 @@ impl PersistConfig {
             fired_bound: 65_536,
             overdue: Overdue::AtOnce,
             clock: WallClock::system(),
+            engine_lease: Duration::from_secs(5),
+            takeover_wait: Duration::from_secs(30),
         }
     }
 }
@@ -193,6 +213,10 @@ pub enum PersistError {
     /// The namespace is used by a queue ([`Producer`](super::Producer),
     /// [`Consumer`](super::Consumer)).
     InUse(NamespaceInUse),
+    /// Another engine (named) holds the namespace's writer lease: it did not give it up
+    /// within [`PersistConfig::takeover_wait`] (from `start`), or holds it now (from
+    /// `restore`). See [`PersistConfig::engine_lease`].
+    EngineRunning(String),
 }
 
 impl fmt::Display for PersistError {
@@ -207,6 +231,10 @@ impl fmt::Display for PersistError {
             PersistError::Shutdown(_) => f.write_str("the engine has been shut down"),
             PersistError::Stopped => f.write_str("restore stopped: the engine is shut down"),
             PersistError::InUse(e) => e.fmt(f),
+            PersistError::EngineRunning(holder) => write!(
+                f,
+                "another persistent engine ({holder}) holds the namespace's writer lease"
+            ),
             PersistError::Unconfirmed(id) => write!(
                 f,
                 "task {id:?} is scheduled but Redis did not confirm it within the write-through timeout"
@@ -367,9 +395,35 @@ pub(super) struct Inner {
     /// The first `shutdown` has finished; later calls wait for it on `shutdown_over`.
     shutdown_done: Mutex<bool>,
     shutdown_over: Condvar,
+    /// This engine's name in the writer lease.
+    holder: String,
+    /// Until when this engine holds the writer lease, as far as it can tell (µs after
+    /// `started`, on the monotonic clock; 0: not held): its last renewal was sent at least
+    /// that long before Redis's expiry, less a margin for a write in flight. The flusher
+    /// writes only before it (see [`PersistConfig::engine_lease`]).
+    held_until_us: AtomicU64,
+    started: Instant,
 }
 
 impl Inner {
+    /// Whether this engine holds the writer lease now (see `held_until_us`).
+    pub(super) fn holds_lease(&self) -> bool {
+        self.since_start_us() < self.held_until_us.load(SeqCst)
+    }
+
+    fn since_start_us(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// A lease call sent at `asked` (µs after `started`) succeeded: held until its ttl, less a
+    /// quarter for a write in flight.
+    fn lease_held(&self, asked: u64) {
+        let ttl = self.cfg.engine_lease;
+        let margin = u64::try_from((ttl - ttl / 4).as_micros()).unwrap_or(u64::MAX);
+        self.held_until_us
+            .fetch_max(asked.saturating_add(margin), SeqCst);
+    }
+
     /// Asks the flusher for a round now (`journal` is the locked journal).
     fn kick(&self, journal: &mut Journal) {
         journal.kicked = true;
@@ -509,6 +563,23 @@ impl<S: TaskStore> Persistent<S> {
         .ok_or_else(runtime_stopped)?
         .map_err(PersistError::Store)?
         .map_err(PersistError::InUse)?;
+        // Then the writer lease: another engine on the namespace (the old process of a
+        // rolling deploy) is waited for, so that the restore reads what it wrote last.
+        let holder = super::layout::instance_name();
+        let started = Instant::now();
+        let took = {
+            let (store, holder, ttl, wait) = (
+                store.clone(),
+                holder.clone(),
+                cfg.engine_lease,
+                cfg.takeover_wait,
+            );
+            wait_on(
+                &rt,
+                async move { acquire(&store, &holder, ttl, wait).await },
+            )
+            .ok_or_else(runtime_stopped)??
+        };
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound);
         let anchor = cfg.clock.anchor();
         // The index and the journal hash alike (one seed), so that a call hashes its id once.
@@ -532,7 +603,14 @@ impl<S: TaskStore> Persistent<S> {
             shut_down: AtomicBool::new(false),
             shutdown_done: Mutex::new(false),
             shutdown_over: Condvar::new(),
+            holder,
+            held_until_us: AtomicU64::new(0),
+            started,
         });
+        if took {
+            inner.lease_held(0);
+        }
+        rt.spawn(lease_loop(inner.clone(), store.clone()));
         let fire = {
             let inner = inner.clone();
             move |e: crate::Expiration<TaskKey>| deliver(&inner, &tx, e.value.id(), e.id)
@@ -854,6 +932,22 @@ impl<S: TaskStore> Persistent<S> {
         if self.inner.shut_down.load(SeqCst) {
             return Err(PersistError::Stopped);
         }
+        if !self.inner.holds_lease() {
+            // Another engine may be writing: what it writes after this read would be missed.
+            let (store, inner) = (self.store.clone(), self.inner.clone());
+            wait_on(&self.rt, async move {
+                let asked = inner.since_start_us();
+                match take_lease(&store, &inner.holder, inner.cfg.engine_lease).await {
+                    Ok(None) => {
+                        inner.lease_held(asked);
+                        Ok(())
+                    }
+                    Ok(Some(other)) => Err(PersistError::EngineRunning(other)),
+                    Err(e) => Err(PersistError::Store(e)),
+                }
+            })
+            .ok_or_else(runtime_stopped)??;
+        }
         let page_size = page_size.clamp(1, super::store::MAX_PAGE);
         let mut restoring = Restoring::begin(&self.inner);
         let mut report = RestoreReport::default();
@@ -1124,6 +1218,16 @@ impl<S: TaskStore> Persistent<S> {
         if let Some(h) = self.flusher.lock().take() {
             let _ = h.join();
         }
+        if self.inner.holds_lease() {
+            // So that the next engine (a new process) need not wait for it to expire.
+            let (store, holder) = (self.store.clone(), self.inner.holder.clone());
+            let released = wait_on(&self.rt, async move {
+                tokio::time::timeout(LEASE_CALL_TIMEOUT, store.release(&holder)).await
+            });
+            if !matches!(released, Some(Ok(Ok(())))) {
+                tracing::warn!("writer lease not given up: the next engine waits for it to expire");
+            }
+        }
         // The flusher's final round is done: what is still journaled was not written.
         let (unwritten, removals) = {
             let state = self.inner.state.lock();
@@ -1165,6 +1269,106 @@ impl<S: TaskStore> Drop for Persistent<S> {
                 "engine dropped without shutdown(): tasks Redis never took are lost \
                  (the first 100 ids named)"
             );
+        }
+    }
+}
+
+/// The longest a lease call may take: a Redis that does not answer counts as one that failed.
+const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One call to take or renew the writer lease (see [`TaskStore::lease`]).
+async fn take_lease<S: TaskStore>(
+    store: &S,
+    holder: &str,
+    ttl: Duration,
+) -> Result<Option<String>, StoreError> {
+    match tokio::time::timeout(
+        LEASE_CALL_TIMEOUT,
+        guarded("lease", store.lease(holder, ttl)),
+    )
+    .await
+    {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::new(
+            "the store did not answer the lease call in time",
+        )),
+    }
+}
+
+/// Takes the writer lease as an engine starts, waiting up to `wait` while another engine holds
+/// it: `Ok(true)` once taken, `Ok(false)` if the store could not be asked (the engine starts
+/// without it, and [`lease_loop`] takes it later), [`PersistError::EngineRunning`] if the wait
+/// ran out.
+async fn acquire<S: TaskStore>(
+    store: &S,
+    holder: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<bool, PersistError> {
+    let deadline = tokio::time::Instant::now().checked_add(wait);
+    // A holder that shuts down deletes the lease: seen within this.
+    let poll = (ttl / 4).clamp(Duration::from_millis(5), Duration::from_millis(100));
+    let mut told = false;
+    loop {
+        match take_lease(store, holder, ttl).await {
+            Ok(None) => return Ok(true),
+            Ok(Some(other)) => {
+                if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                    return Err(PersistError::EngineRunning(other));
+                }
+                if !told {
+                    tracing::info!(%other, ?wait, "another engine holds the namespace's writer lease: waiting for it to stop");
+                    told = true;
+                }
+                tokio::time::sleep(poll).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not take the namespace's writer lease: starting without it (nothing is written until it is taken)");
+                return Ok(false);
+            }
+        }
+    }
+}
+
+/// Renews the writer lease every third of its length, or takes it while this engine does not
+/// hold it; runs until the engine stops.
+async fn lease_loop<S: TaskStore>(inner: Arc<Inner>, store: S) {
+    let ttl = inner.cfg.engine_lease;
+    let mut every = tokio::time::interval(ttl / 3);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await; // the first tick is now, and `launch` has just asked
+    let mut lost = false;
+    while !inner.stopping.load(SeqCst) {
+        every.tick().await;
+        if inner.stopping.load(SeqCst) {
+            break;
+        }
+        let held = inner.holds_lease();
+        let asked = inner.since_start_us();
+        match take_lease(&store, &inner.holder, ttl).await {
+            Ok(None) => {
+                inner.lease_held(asked);
+                if !held {
+                    tracing::info!("writer lease taken: writing to the store");
+                    let mut state = inner.state.lock();
+                    inner.kick(&mut state.journal);
+                }
+                lost = false;
+            }
+            Ok(Some(other)) => {
+                inner.held_until_us.store(0, SeqCst);
+                if !lost {
+                    tracing::error!(%other, "another engine holds the namespace's writer lease: this engine writes nothing (its changes wait in the journal) until it has the lease again");
+                    lost = true;
+                }
+            }
+            Err(e) => {
+                // Held until its last renewal runs out, as far as this engine can tell.
+                tracing::debug!(error = %e, "renewing the writer lease failed");
+                if held && !inner.holds_lease() {
+                    tracing::warn!(error = %e, "writer lease not renewed in time: writing stops until it is");
+                }
+            }
         }
     }
 }

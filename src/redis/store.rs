@@ -27,6 +27,36 @@ return 1
     )
 });
 
+/// KEYS: the engine lease. ARGV: holder, ttl (ms). Takes the lease if it is free, or renews it
+/// (PEXPIRE, which a Redis at `maxmemory` still runs) if `holder` has it; answers nil then, or
+/// the other holder's name.
+static LEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return false
+end
+if held == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return false
+end
+return held
+",
+    )
+});
+
+/// KEYS: the engine lease. ARGV: holder. Deletes the lease if `holder` has it.
+static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+",
+    )
+});
+
 /// KEYS: due, tasks. ARGV: ids. Removes each from both, atomically (one script). A script,
 /// not a MULTI: a Redis at `maxmemory` refuses every command queued in a MULTI, and runs a
 /// script whose commands free memory (ZREM, HDEL are not refused there). In slices, as
@@ -649,6 +679,30 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Takes or renews the namespace's writer lease (`{ns}:engine`) for `holder`: `None` once
+    /// it holds it, or the name of the engine that does (see [`TaskStore::lease`]).
+    pub async fn lease(&self, holder: &str, ttl: Duration) -> Result<Option<String>, StoreError> {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let mut conn = self.conn.clone();
+        Ok(LEASE
+            .key(self.keys.engine())
+            .arg(holder)
+            .arg(ms)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// Gives up the writer lease if `holder` has it.
+    pub async fn release(&self, holder: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        RELEASE
+            .key(self.keys.engine())
+            .arg(holder)
+            .invoke_async::<i64>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
     /// Claims the namespace for [`Persistent`](super::Persistent) (its `{ns}:kind` key):
     /// refused if a queue uses it.
     pub(crate) async fn claim(&self) -> Result<(), NamespaceInUse> {
@@ -793,5 +847,17 @@ impl TaskStore for RedisStore {
 
     fn claim(&self) -> impl Future<Output = Result<(), NamespaceInUse>> + Send {
         RedisStore::claim(self)
+    }
+
+    fn lease(
+        &self,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        RedisStore::lease(self, holder, ttl)
+    }
+
+    fn release(&self, holder: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        RedisStore::release(self, holder)
     }
 }

@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 
 use futures_util::FutureExt;
 
@@ -54,6 +55,29 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// another role (a queue) uses it, and the engine does not start. The default claims
     /// nothing; [`RedisStore`](super::RedisStore) claims its namespace's `{ns}:kind` key.
     fn claim(&self) -> impl Future<Output = Result<(), NamespaceInUse>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// Takes or renews the store's writer lease for the engine named `holder`, for `ttl`:
+    /// `Ok(None)` once this engine holds it, `Ok(Some(other))` while engine `other` does. An
+    /// engine writes only while it holds the lease, so that two engines on one store (a
+    /// rolling deploy) take turns instead of overwriting each other (see
+    /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)). Renewing must not
+    /// need memory the store may lack (a Redis at `maxmemory`). The default holds no lease:
+    /// every engine may write.
+    fn lease(
+        &self,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        let _ = (holder, ttl);
+        std::future::ready(Ok(None))
+    }
+
+    /// Gives up the writer lease if `holder` holds it (at shutdown, so that the next engine
+    /// need not wait for it to expire). The default does nothing.
+    fn release(&self, holder: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = holder;
         std::future::ready(Ok(()))
     }
 }
