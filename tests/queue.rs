@@ -812,11 +812,12 @@ fn a_queue_and_a_persistent_engine_cannot_share_a_namespace() {
         Err(QueueError::InUse(e)) => assert_eq!(e.by, "persistent"),
         other => panic!("the consumer got {:?}", other.map(|_| ())),
     }
-    // Another engine of the same role is welcome.
+    // Another engine of the same role is welcome, once the first has shut down (it holds the
+    // namespace's writer lease until then).
+    p.shutdown();
     let (again, _fired_again) =
         Persistent::start(PersistConfig::new(server.url(), "orders")).unwrap();
     again.shutdown();
-    p.shutdown();
 
     let mut sharded = QueueConfig::new(server.url(), "jobs");
     sharded.shards = 2;

@@ -273,8 +273,8 @@ fn a_new_engine_waits_for_the_old_ones_shutdown_and_restores_its_last_tasks() {
     old.schedule("early", "t", serde_json::Value::Null, later)
         .unwrap();
     let (started_tx, started) = crossbeam_channel::bounded(1);
+    let begun = Instant::now();
     let new = std::thread::spawn(move || {
-        let begun = Instant::now();
         let (new, fired) = Persistent::start(cfg).unwrap();
         started_tx.send(begun.elapsed()).unwrap();
         (new, fired)
@@ -340,10 +340,11 @@ fn start_waits_for_a_held_lease_at_most_takeover_wait() {
     assert_eq!(gone, None, "shutdown did not give the lease up");
 }
 
-/// An engine whose lease another engine took (it could not renew it in time) writes nothing,
-/// and refuses to restore, until it has the lease again; its changes wait in the journal.
+/// An engine whose lease another engine took (it could not renew it in time) writes nothing
+/// again, and refuses to restore: the other may have written since. Its unwritten tasks come
+/// back from `shutdown`. Redis refuses a write sent without the lease, too.
 #[test]
-fn an_engine_that_lost_its_lease_writes_nothing_until_it_has_it_again() {
+fn an_engine_that_lost_its_lease_writes_nothing_again() {
     let server = RedisServer::start_in_memory();
     let mut cfg = config(&server, "fenced");
     cfg.engine_lease = Duration::from_millis(300);
@@ -352,7 +353,6 @@ fn an_engine_that_lost_its_lease_writes_nothing_until_it_has_it_again() {
     p.schedule("before", "t", serde_json::Value::Null, later)
         .unwrap();
     assert!(p.flush(PATIENCE));
-    redis_int(&server, &["DEL", "{fenced}:engine"]);
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
     redis::cmd("SET")
@@ -374,23 +374,105 @@ fn an_engine_that_lost_its_lease_writes_nothing_until_it_has_it_again() {
             }
         }
     }
-    p.schedule("while_fenced", "t", serde_json::Value::Null, later)
+    p.schedule("after", "t", serde_json::Value::Null, later)
         .unwrap();
     assert!(
-        !p.flush(Duration::from_millis(500)),
+        !p.flush(Duration::from_millis(300)),
         "wrote without the lease"
     );
+    // Not even once the intruder is gone: it may have written meanwhile.
+    redis_int(&server, &["DEL", "{fenced}:engine"]);
+    assert!(
+        !p.flush(Duration::from_millis(500)),
+        "wrote after losing the lease"
+    );
     assert_eq!(
-        redis_int(&server, &["HEXISTS", "{fenced}:tasks", "while_fenced"]),
+        redis_int(&server, &["HEXISTS", "{fenced}:tasks", "after"]),
         0
     );
-    redis_int(&server, &["DEL", "{fenced}:engine"]);
+    let back: Vec<String> = p.shutdown().into_iter().map(|e| e.id).collect();
+    assert_eq!(back, ["after"]);
+}
+
+/// A lease that lapsed with nobody taking it (Redis slow, say) is taken back and writing
+/// resumes; one that another engine took and gave up meanwhile (the epoch moved on by two) is
+/// not: that engine may have written. And Redis itself refuses the batch of an engine that
+/// does not hold the lease, whatever the engine believes.
+#[test]
+fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
+    let server = RedisServer::start_in_memory();
+    let mut cfg = config(&server, "lapse");
+    cfg.engine_lease = Duration::from_millis(300);
+    let (p, _fired) = Persistent::start(cfg.clone()).unwrap();
+    let later = now_ms() + 3_600_000;
+    let epoch = || redis_int(&server, &["GET", "{lapse}:engine:epoch"]);
+    assert_eq!(epoch(), 1);
+    // Lapsed, nobody took it: taken back at epoch 2.
+    redis_int(&server, &["DEL", "{lapse}:engine"]);
+    let start = Instant::now();
+    while epoch() != 2 {
+        assert!(start.elapsed() < PATIENCE, "the lease was not taken back");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p.schedule("resumed", "t", serde_json::Value::Null, later)
+        .unwrap();
     assert!(p.flush(PATIENCE));
     assert_eq!(
-        redis_int(&server, &["HEXISTS", "{fenced}:tasks", "while_fenced"]),
+        redis_int(&server, &["HEXISTS", "{lapse}:tasks", "resumed"]),
         1
     );
+    // Lapsed, and another engine took it and gave it up in between (one atomic step, so
+    // before the next renewal): the engine takes the free lease at epoch 4, and stops.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg("{lapse}:engine")
+        .cmd("INCR")
+        .arg("{lapse}:engine:epoch")
+        .query::<()>(&mut conn)
+        .unwrap();
+    let start = Instant::now();
+    while !matches!(p.restore(10), Err(PersistError::EngineRunning(_))) {
+        assert!(start.elapsed() < PATIENCE, "the lost lease was not noticed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p.schedule("stale", "t", serde_json::Value::Null, later)
+        .unwrap();
+    assert!(!p.flush(Duration::from_millis(300)));
+    assert_eq!(
+        redis_int(&server, &["HEXISTS", "{lapse}:tasks", "stale"]),
+        0
+    );
     p.shutdown();
+
+    // The store's own check: a store that took the lease for one engine refuses its batch once
+    // the lease is another's.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = delaywheel::redis::RedisStore::connect(
+            &server.url(),
+            delaywheel::redis::KeyLayout::new("lapse2").unwrap(),
+        )
+        .await
+        .unwrap();
+        let op = || delaywheel::redis::Op::Remove("x".into());
+        assert!(matches!(
+            store.lease("me", Duration::from_secs(60)).await.unwrap(),
+            delaywheel::redis::Lease::Held { epoch: 1 }
+        ));
+        store.apply(&[op()]).await.unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("SET")
+            .arg("{lapse2}:engine")
+            .arg("other")
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        let refused = store.apply(&[op()]).await.unwrap_err();
+        assert!(refused.to_string().contains("NOTHELD"), "{refused}");
+    });
 }
 
 #[test]

@@ -536,20 +536,26 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                 // Read from the index and encoded batch by batch, while the batches before
                 // are in flight.
                 let ranges = batch_ranges(&changes, inner.cfg.batch);
+                // The lease is checked before each batch too: a long round (a journal built
+                // while Redis was down) must not write on after it lapsed.
                 let Written {
                     taken,
                     written,
                     failed,
-                    error,
+                    mut error,
                 } = write_batches(
                     store,
                     rt,
                     ranges
                         .iter()
+                        .take_while(|_| inner.holds_lease())
                         .map(|range| resolve(inner, &changes[range.clone()])),
                 );
                 // Never read from the index: back into the journal as they were.
                 let unsent = &changes[ranges.get(taken).map_or(changes.len(), |r| r.start)..];
+                if error.is_none() && !unsent.is_empty() {
+                    error = Some(StoreError::new("the writer lease lapsed during the round"));
+                }
                 metrics::counter!("delaywheel_flushed_ops_total").increment(written as u64);
                 if !failed.is_empty() || !unsent.is_empty() {
                     let mut state = inner.state.lock();

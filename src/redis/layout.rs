@@ -14,6 +14,7 @@ pub struct KeyLayout {
     expired: String,
     kind: String,
     engine: String,
+    epoch: String,
     ns: String,
 }
 
@@ -87,6 +88,7 @@ impl KeyLayout {
             expired: format!("{{{ns}}}:expired"),
             kind: format!("{{{ns}}}:kind"),
             engine: format!("{{{ns}}}:engine"),
+            epoch: format!("{{{ns}}}:engine:epoch"),
             ns: ns.to_string(),
         })
     }
@@ -148,6 +150,13 @@ impl KeyLayout {
     /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)).
     pub fn engine(&self) -> &str {
         &self.engine
+    }
+
+    /// How many times [`engine`](Self::engine) was taken while free: an engine that takes
+    /// the lease back compares it with its own, to tell whether another engine held it
+    /// meanwhile.
+    pub fn engine_epoch(&self) -> &str {
+        &self.epoch
     }
 
     /// The namespace.

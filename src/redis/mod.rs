@@ -61,6 +61,7 @@
 //! | `{ns}:expired` | HASH | queue: task id → how many times a lease on it ran out |
 //! | `{ns}:kind` | STRING | the role using the namespace, `persistent` or `queue` (set by the first to connect; the other is refused with [`NamespaceInUse`]) |
 //! | `{ns}:engine` | STRING | [`Persistent`]'s writer lease: the name of the one engine that writes and restores the namespace (see [`PersistConfig::engine_lease`]) |
+//! | `{ns}:engine:epoch` | STRING | how many times that lease was taken while free |
 //! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running:<token>` (lease TTL) or `done` (keep TTL) |
 //! | `{ns}:wake` | pub/sub channel | queue: wake-ups (a due time in ms, and on a sharded queue `:` and the shard) |
 //! | `{ns}:due:snapshot`, `{ns}:tasks:snapshot` | ZSET, HASH | [`Persistent::snapshot`]'s scratch copy, renamed over `{ns}:due` and `{ns}:tasks` |
@@ -92,5 +93,5 @@ pub use queue::{
     shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy, When,
 };
 pub use store::{Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError, MAX_PAGE};
-pub use task_store::TaskStore;
+pub use task_store::{Lease, TaskStore};
 pub use wall_clock::WallClock;

@@ -37,7 +37,7 @@ use super::envelope::{Envelope, EnvelopeError};
 use super::flusher::{flush_loop, Change, Journal};
 use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
 use super::store::{RedisStore, StoreError};
-use super::task_store::{guarded, TaskStore};
+use super::task_store::{guarded, Lease, TaskStore};
 use super::wall_clock::{Anchor, WallClock};
 use crate::{BuildError, Timer, TimerId};
 
@@ -127,9 +127,13 @@ pub struct PersistConfig {
     /// unless renewed (default 5 s; renewed every third of it). An engine writes to Redis, and
     /// restores from it, only while it holds the lease, so that the engine of a new process
     /// waits for the old one's `shutdown` (which gives the lease up) or, after a crash, for
-    /// the lease to expire. One that loses it (it could not renew it in time, and another
-    /// engine took it) stops writing, keeping its changes in the journal, until it has it
-    /// again. `10 ms..=1 day`, else `start` fails with [`PersistError::Config`].
+    /// the lease to expire. One that could not renew it in time stops writing (its changes
+    /// wait in the journal) and takes it back once it can, unless another engine took it
+    /// meanwhile (`{ns}:engine:epoch` counts the takes): then it writes nothing again, and
+    /// `shutdown` hands back what it did not write. Redis refuses its removals (and a
+    /// snapshot's swap) once the lease is another's; a batch of writes already on its way
+    /// when the lease lapses may still land. `10 ms..=1 day`, else `start` fails with
+    /// [`PersistError::Config`].
     pub engine_lease: Duration,
     /// How long `start` waits for another engine's lease to be given up or to expire before
     /// it fails with [`PersistError::EngineRunning`] (default 30 s). If Redis cannot be asked
@@ -403,12 +407,55 @@ pub(super) struct Inner {
     /// writes only before it (see [`PersistConfig::engine_lease`]).
     held_until_us: AtomicU64,
     started: Instant,
+    /// The lease's epoch when this engine took it ([`NO_EPOCH`] before it first has).
+    epoch: AtomicU64,
+    /// Another engine held the lease since this one took it: this engine never writes again
+    /// (its state is older than what that engine may have written), and names it here.
+    lost: AtomicBool,
+    lost_to: Mutex<String>,
 }
 
+/// `Inner::epoch` before the engine first holds the lease.
+const NO_EPOCH: u64 = u64::MAX;
+
 impl Inner {
-    /// Whether this engine holds the writer lease now (see `held_until_us`).
+    /// Whether this engine holds the writer lease now (see `held_until_us`), and has not lost
+    /// the namespace to another engine.
     pub(super) fn holds_lease(&self) -> bool {
-        self.since_start_us() < self.held_until_us.load(SeqCst)
+        !self.lost.load(SeqCst) && self.since_start_us() < self.held_until_us.load(SeqCst)
+    }
+
+    /// Books the answer to a lease call sent at `asked` (µs after `started`). Held at the
+    /// epoch this engine took it at (a renewal), or at the next one (taken back while free,
+    /// nobody having taken it meanwhile: each take counts the epoch up): held until the call's
+    /// ttl runs out. Otherwise another engine held it since: lost for good.
+    fn book(&self, asked: u64, lease: Lease) {
+        match lease {
+            Lease::Held { epoch } => {
+                let mine = self.epoch.load(SeqCst);
+                if mine == NO_EPOCH || epoch == mine || epoch == mine.wrapping_add(1) {
+                    self.epoch.store(epoch, SeqCst);
+                    self.lease_held(asked);
+                } else {
+                    self.lose(format!(
+                        "an engine that held the lease meanwhile (epoch {epoch}, this engine's {mine})"
+                    ));
+                }
+            }
+            Lease::Other(other) => self.lose(other),
+        }
+    }
+
+    /// Another engine (`to`) holds or held the lease since this one took it: this engine
+    /// writes nothing any more, and whoever waits for a flush round stops waiting.
+    fn lose(&self, to: String) {
+        self.held_until_us.store(0, SeqCst);
+        if !self.lost.swap(true, SeqCst) {
+            tracing::error!(other = %to, "another engine took the namespace's writer lease: this engine writes nothing to the store any more (shutdown() hands back what it did not write; restart it to restore the namespace)");
+            *self.lost_to.lock() = to;
+        }
+        let _guard = self.state.lock();
+        self.flushed.notify_all();
     }
 
     fn since_start_us(&self) -> u64 {
@@ -440,6 +487,9 @@ impl Inner {
         deadline: Option<Instant>,
     ) -> bool {
         while state.journal.flushed < target {
+            if self.lost.load(SeqCst) {
+                return false; // no round will write again
+            }
             // A round under way that reaches the target needs no kick: one now would ask for
             // a further round after it, which nobody waits for.
             if !(state.journal.in_round && state.journal.flushed + 1 >= target) {
@@ -480,6 +530,8 @@ pub struct Persistent<S: TaskStore = RedisStore> {
     inner: Arc<Inner>,
     timer: Timer<TaskKey>,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    /// Renews the writer lease; stopped by `shutdown` before it gives the lease up.
+    lease_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     store: S,
     rt: Arc<OwnedRuntime>,
 }
@@ -574,10 +626,9 @@ impl<S: TaskStore> Persistent<S> {
                 cfg.engine_lease,
                 cfg.takeover_wait,
             );
-            wait_on(
-                &rt,
-                async move { acquire(&store, &holder, ttl, wait).await },
-            )
+            wait_on(&rt, async move {
+                acquire(&store, &holder, ttl, wait, started).await
+            })
             .ok_or_else(runtime_stopped)??
         };
         let (tx, rx) = crossbeam_channel::bounded(cfg.fired_bound);
@@ -606,11 +657,14 @@ impl<S: TaskStore> Persistent<S> {
             holder,
             held_until_us: AtomicU64::new(0),
             started,
+            epoch: AtomicU64::new(NO_EPOCH),
+            lost: AtomicBool::new(false),
+            lost_to: Mutex::new(String::new()),
         });
-        if took {
-            inner.lease_held(0);
+        if let Some((asked, lease)) = took {
+            inner.book(asked, lease);
         }
-        rt.spawn(lease_loop(inner.clone(), store.clone()));
+        let lease_task = rt.spawn(lease_loop(inner.clone(), store.clone()));
         let fire = {
             let inner = inner.clone();
             move |e: crate::Expiration<TaskKey>| deliver(&inner, &tx, e.value.id(), e.id)
@@ -647,6 +701,7 @@ impl<S: TaskStore> Persistent<S> {
                 inner,
                 timer,
                 flusher: Mutex::new(Some(flusher)),
+                lease_task: Mutex::new(Some(lease_task)),
                 store,
                 rt,
             },
@@ -932,21 +987,24 @@ impl<S: TaskStore> Persistent<S> {
         if self.inner.shut_down.load(SeqCst) {
             return Err(PersistError::Stopped);
         }
-        if !self.inner.holds_lease() {
+        if !self.inner.holds_lease() && !self.inner.lost.load(SeqCst) {
             // Another engine may be writing: what it writes after this read would be missed.
             let (store, inner) = (self.store.clone(), self.inner.clone());
             wait_on(&self.rt, async move {
                 let asked = inner.since_start_us();
-                match take_lease(&store, &inner.holder, inner.cfg.engine_lease).await {
-                    Ok(None) => {
-                        inner.lease_held(asked);
-                        Ok(())
-                    }
-                    Ok(Some(other)) => Err(PersistError::EngineRunning(other)),
-                    Err(e) => Err(PersistError::Store(e)),
-                }
+                let lease = take_lease(&store, &inner.holder, inner.cfg.engine_lease).await;
+                lease.map(|lease| inner.book(asked, lease))
             })
-            .ok_or_else(runtime_stopped)??;
+            .ok_or_else(runtime_stopped)?
+            .map_err(PersistError::Store)?;
+        }
+        if !self.inner.holds_lease() {
+            let to = self.inner.lost_to.lock().clone();
+            return Err(if to.is_empty() {
+                PersistError::Store(StoreError::new("the writer lease could not be taken"))
+            } else {
+                PersistError::EngineRunning(to)
+            });
         }
         let page_size = page_size.clamp(1, super::store::MAX_PAGE);
         let mut restoring = Restoring::begin(&self.inner);
@@ -1136,6 +1194,9 @@ impl<S: TaskStore> Persistent<S> {
         let after = state.journal.snapshot_rounds;
         self.inner.kick(&mut state.journal);
         while state.journal.snapshot_ok <= after {
+            if self.inner.lost.load(SeqCst) {
+                return None; // another engine has the namespace: nothing is written again
+            }
             if state.unrestored() {
                 // The restore it waited for failed: refused, as if none had run. No longer
                 // asked for either: every caller waiting for it returns `None` here (none can
@@ -1187,7 +1248,7 @@ impl<S: TaskStore> Persistent<S> {
 
     /// The work of the first `shutdown`.
     fn stop(&self) -> Vec<Envelope> {
-        if !self.flush(Duration::from_secs(5)) {
+        if !self.inner.lost.load(SeqCst) && !self.flush(Duration::from_secs(5)) {
             tracing::warn!(
                 unflushed = self.journal_depth(),
                 "no final flush within 5 s: redis is unreachable or slow; one last round follows"
@@ -1218,11 +1279,21 @@ impl<S: TaskStore> Persistent<S> {
         if let Some(h) = self.flusher.lock().take() {
             let _ = h.join();
         }
+        // The lease loop ends before the lease is given up: a renewal of its after the release
+        // would take the lease again (on one connection, a call sent before the release runs
+        // before it).
+        if let Some(task) = self.lease_task.lock().take() {
+            task.abort();
+            let _ = wait_on(&self.rt, async move {
+                let _ = task.await;
+            });
+        }
         if self.inner.holds_lease() {
             // So that the next engine (a new process) need not wait for it to expire.
             let (store, holder) = (self.store.clone(), self.inner.holder.clone());
+            let timeout = lease_call_timeout(self.inner.cfg.engine_lease);
             let released = wait_on(&self.rt, async move {
-                tokio::time::timeout(LEASE_CALL_TIMEOUT, store.release(&holder)).await
+                tokio::time::timeout(timeout, store.release(&holder)).await
             });
             if !matches!(released, Some(Ok(Ok(())))) {
                 tracing::warn!("writer lease not given up: the next engine waits for it to expire");
@@ -1273,21 +1344,20 @@ impl<S: TaskStore> Drop for Persistent<S> {
     }
 }
 
-/// The longest a lease call may take: a Redis that does not answer counts as one that failed.
-const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a lease call may take (2 s, and a third of the lease at most): a store that
+/// does not answer counts as one that failed.
+fn lease_call_timeout(ttl: Duration) -> Duration {
+    (ttl / 3).min(Duration::from_secs(2))
+}
 
 /// One call to take or renew the writer lease (see [`TaskStore::lease`]).
 async fn take_lease<S: TaskStore>(
     store: &S,
     holder: &str,
     ttl: Duration,
-) -> Result<Option<String>, StoreError> {
-    match tokio::time::timeout(
-        LEASE_CALL_TIMEOUT,
-        guarded("lease", store.lease(holder, ttl)),
-    )
-    .await
-    {
+) -> Result<Lease, StoreError> {
+    let call = guarded("lease", store.lease(holder, ttl));
+    match tokio::time::timeout(lease_call_timeout(ttl), call).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::new(
             "the store did not answer the lease call in time",
@@ -1296,23 +1366,24 @@ async fn take_lease<S: TaskStore>(
 }
 
 /// Takes the writer lease as an engine starts, waiting up to `wait` while another engine holds
-/// it: `Ok(true)` once taken, `Ok(false)` if the store could not be asked (the engine starts
-/// without it, and [`lease_loop`] takes it later), [`PersistError::EngineRunning`] if the wait
-/// ran out.
+/// it: the answer and when its call was sent (µs after `started`) once taken, `None` if the
+/// store could not be asked (the engine starts without it, and [`lease_loop`] takes it later),
+/// [`PersistError::EngineRunning`] if the wait ran out.
 async fn acquire<S: TaskStore>(
     store: &S,
     holder: &str,
     ttl: Duration,
     wait: Duration,
-) -> Result<bool, PersistError> {
+    started: Instant,
+) -> Result<Option<(u64, Lease)>, PersistError> {
     let deadline = tokio::time::Instant::now().checked_add(wait);
     // A holder that shuts down deletes the lease: seen within this.
     let poll = (ttl / 4).clamp(Duration::from_millis(5), Duration::from_millis(100));
     let mut told = false;
     loop {
+        let asked = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         match take_lease(store, holder, ttl).await {
-            Ok(None) => return Ok(true),
-            Ok(Some(other)) => {
+            Ok(Lease::Other(other)) => {
                 if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     return Err(PersistError::EngineRunning(other));
                 }
@@ -1322,44 +1393,36 @@ async fn acquire<S: TaskStore>(
                 }
                 tokio::time::sleep(poll).await;
             }
+            Ok(held) => return Ok(Some((asked, held))),
             Err(e) => {
                 tracing::warn!(error = %e, "could not take the namespace's writer lease: starting without it (nothing is written until it is taken)");
-                return Ok(false);
+                return Ok(None);
             }
         }
     }
 }
 
 /// Renews the writer lease every third of its length, or takes it while this engine does not
-/// hold it; runs until the engine stops.
+/// hold it; runs until the engine stops or has lost the namespace to another engine.
 async fn lease_loop<S: TaskStore>(inner: Arc<Inner>, store: S) {
     let ttl = inner.cfg.engine_lease;
     let mut every = tokio::time::interval(ttl / 3);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     every.tick().await; // the first tick is now, and `launch` has just asked
-    let mut lost = false;
-    while !inner.stopping.load(SeqCst) {
+    loop {
         every.tick().await;
-        if inner.stopping.load(SeqCst) {
-            break;
+        if inner.stopping.load(SeqCst) || inner.lost.load(SeqCst) {
+            return;
         }
         let held = inner.holds_lease();
         let asked = inner.since_start_us();
         match take_lease(&store, &inner.holder, ttl).await {
-            Ok(None) => {
-                inner.lease_held(asked);
-                if !held {
+            Ok(lease) => {
+                inner.book(asked, lease);
+                if !held && inner.holds_lease() {
                     tracing::info!("writer lease taken: writing to the store");
                     let mut state = inner.state.lock();
                     inner.kick(&mut state.journal);
-                }
-                lost = false;
-            }
-            Ok(Some(other)) => {
-                inner.held_until_us.store(0, SeqCst);
-                if !lost {
-                    tracing::error!(%other, "another engine holds the namespace's writer lease: this engine writes nothing (its changes wait in the journal) until it has the lease again");
-                    lost = true;
                 }
             }
             Err(e) => {

@@ -12,13 +12,17 @@ use parking_lot::Mutex;
 use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::{KeyLayout, NamespaceInUse};
 use super::link::{claim_namespaces, Link, PERSISTENT_ROLE};
-use super::task_store::TaskStore;
+use super::task_store::{Lease, TaskStore};
 
-/// KEYS: scratch due, scratch tasks, due, tasks. Renames both scratch keys over the live ones,
-/// or (returning 0) changes nothing when either is missing.
+/// KEYS: scratch due, scratch tasks, due, tasks, the engine lease. ARGV: holder (empty: no
+/// check). Renames both scratch keys over the live ones, or (returning 0) changes nothing when
+/// either is missing; refuses (`NOTHELD`) unless the lease is the holder's.
 static SWAP_IN: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
         r"
+if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then
+  return redis.error_reply('NOTHELD this engine does not hold the namespace lease')
+end
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 redis.call('RENAME', KEYS[1], KEYS[3])
 redis.call('RENAME', KEYS[2], KEYS[4])
@@ -27,22 +31,22 @@ return 1
     )
 });
 
-/// KEYS: the engine lease. ARGV: holder, ttl (ms). Takes the lease if it is free, or renews it
-/// (PEXPIRE, which a Redis at `maxmemory` still runs) if `holder` has it; answers nil then, or
-/// the other holder's name.
+/// KEYS: the engine lease, its epoch. ARGV: holder, ttl (ms). Renews the lease (PEXPIRE,
+/// which a Redis at `maxmemory` still runs) if `holder` has it, or takes it if it is free
+/// (and counts the epoch up); answers `{'held', epoch}`, or `{'other', holder}`.
 static LEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
         r"
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return false
+  return {'held', redis.call('GET', KEYS[2]) or '0'}
 end
 if held == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return false
+  return {'held', tostring(redis.call('INCR', KEYS[2]))}
 end
-return held
+return {'other', held}
 ",
     )
 });
@@ -57,22 +61,41 @@ return 0
     )
 });
 
-/// KEYS: due, tasks. ARGV: ids. Removes each from both, atomically (one script). A script,
-/// not a MULTI: a Redis at `maxmemory` refuses every command queued in a MULTI, and runs a
-/// script whose commands free memory (ZREM, HDEL are not refused there). In slices, as
-/// `unpack` takes a bounded number of values.
+/// The check that opens every script that writes for an engine: with a holder given (ARGV[1]
+/// not empty), the lease (KEYS[3]) must be that holder's, or the script writes nothing.
+const FENCE: &str = r"
+if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then
+  return redis.error_reply('NOTHELD this engine does not hold the namespace lease')
+end
+";
+
+/// KEYS: due, tasks, the engine lease. ARGV: holder (empty: no check). Deletes the live keys (a
+/// snapshot of nothing) if the lease is the holder's.
+static CLEAR: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(&format!(
+        r"{FENCE}
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"
+    ))
+});
+
+/// KEYS: due, tasks, the engine lease. ARGV: holder (empty: no check), then ids. Removes each
+/// from both (in slices, as `unpack` takes a bounded number of values), atomically, if the
+/// lease is the holder's. A script rather than a MULTI: it can check the lease, and a Redis at
+/// `maxmemory`, which refuses every command queued in a MULTI, runs a script whose commands
+/// free memory (ZREM and HDEL are not refused there).
 static REMOVE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
-        r"
-local n = #ARGV
-for i = 1, n, 1000 do
-  local j = math.min(i + 999, n)
+    redis::Script::new(&format!(
+        r"{FENCE}
+for i = 2, #ARGV, 1000 do
+  local j = math.min(i + 999, #ARGV)
   redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
   redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
 end
-return n
-",
-    )
+return 1
+"
+    ))
 });
 
 /// KEYS: due, tasks, dead. ARGV: per entry, its id, `1` or `0` (whether an envelope was read
@@ -314,6 +337,9 @@ pub struct RedisStore {
     conn: Link,
     /// What `rows` read ahead for the page after the one it returned.
     ahead: Arc<Mutex<Option<Ahead>>>,
+    /// The engine that took the writer lease through this store (and its clones): its writes
+    /// are checked against the lease.
+    holder: Arc<Mutex<Option<String>>>,
 }
 
 /// Empties the read-ahead slot when dropped.
@@ -387,6 +413,7 @@ impl RedisStore {
             keys,
             conn,
             ahead: Arc::default(),
+            holder: Arc::default(),
         }
     }
 
@@ -395,11 +422,15 @@ impl RedisStore {
         &self.keys
     }
 
-    /// Applies a batch in one MULTI/EXEC with multi-member commands, so the ZSET and the HASH
-    /// change together. When an id appears more than once, its last operation wins. A batch of
-    /// removals only is one script instead (as atomic), which a Redis at `maxmemory` still
-    /// runs: the flusher sends removals in batches of their own, so cancels and acks reach a
-    /// full Redis and free its memory.
+    /// Applies a batch atomically with multi-member commands, so the ZSET and the HASH change
+    /// together: one MULTI/EXEC, or for a batch of removals only one Lua script. When an id
+    /// appears more than once, its last operation wins. Once an engine has taken the writer
+    /// lease through this store ([`lease`](Self::lease)), a batch of removals is refused
+    /// (`NOTHELD`, nothing removed) unless the lease is still that engine's, so one that lost
+    /// it cannot delete what the engine that took it wrote; a batch with writes is not checked
+    /// (the engine checks its lease before each round). A Redis at `maxmemory` runs a batch of
+    /// removals only (the flusher sends removals in batches of their own, so cancels and acks
+    /// reach a full Redis and free its memory) and refuses one with writes.
     ///
     /// Ops are written as given, not checked: an upsert that breaks [`Op`]'s limits (an empty
     /// id, a due time past 2^53 − 1, an envelope naming another id) is stored, and the next
@@ -436,22 +467,31 @@ impl RedisStore {
                 Op::Remove(id) => remove.push(id),
             }
         }
-        if upserts == 0 && !remove.is_empty() {
+        let mut conn = self.conn.clone();
+        if upserts == 0 {
+            if remove.is_empty() {
+                return Ok(());
+            }
+            let holder = self.holder.lock().clone().unwrap_or_default();
             let mut script = REMOVE.prepare_invoke();
-            script.key(self.keys.due()).key(self.keys.tasks());
+            script
+                .key(self.keys.due())
+                .key(self.keys.tasks())
+                .key(self.keys.engine())
+                .arg(holder);
             for id in &remove {
                 script.arg(*id);
             }
-            let mut conn = self.conn.clone();
             script.invoke_async::<i64>(&mut conn).await?;
             return Ok(());
         }
+        // Writes go in a MULTI, not checked against the lease: a script that passes every
+        // envelope through Lua took them at half the pace (150k-210k against 240k-310k
+        // writes/s in an A/B of `persist_report`).
         let mut pipe = redis::pipe();
         pipe.atomic();
-        if upserts > 0 {
-            pipe.add_command(zadd).ignore();
-            pipe.add_command(hset).ignore();
-        }
+        pipe.add_command(zadd).ignore();
+        pipe.add_command(hset).ignore();
         if !remove.is_empty() {
             pipe.cmd("ZREM").arg(self.keys.due()).arg(&remove).ignore();
             pipe.cmd("HDEL")
@@ -459,10 +499,6 @@ impl RedisStore {
                 .arg(&remove)
                 .ignore();
         }
-        if upserts == 0 && remove.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
         Ok(())
     }
@@ -679,17 +715,29 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Takes or renews the namespace's writer lease (`{ns}:engine`) for `holder`: `None` once
-    /// it holds it, or the name of the engine that does (see [`TaskStore::lease`]).
-    pub async fn lease(&self, holder: &str, ttl: Duration) -> Result<Option<String>, StoreError> {
+    /// Takes or renews the namespace's writer lease (`{ns}:engine`) for `holder` (see
+    /// [`TaskStore::lease`]). Once `holder` has it, this store's writes are checked against it.
+    pub async fn lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let mut conn = self.conn.clone();
-        Ok(LEASE
+        let reply: Vec<String> = LEASE
             .key(self.keys.engine())
+            .key(self.keys.engine_epoch())
             .arg(holder)
             .arg(ms)
             .invoke_async(&mut conn)
-            .await?)
+            .await?;
+        match reply.as_slice() {
+            [state, epoch] if state == "held" => {
+                let epoch = epoch.parse().map_err(|_| {
+                    StoreError::new(format!("lease epoch {epoch:?} is not a number"))
+                })?;
+                *self.holder.lock() = Some(holder.to_owned());
+                Ok(Lease::Held { epoch })
+            }
+            [state, other] if state == "other" => Ok(Lease::Other(other.clone())),
+            _ => Err(StoreError::new(format!("unexpected lease reply {reply:?}"))),
+        }
     }
 
     /// Gives up the writer lease if `holder` has it.
@@ -779,20 +827,26 @@ impl RedisStore {
             written += n;
         }
         if written == 0 {
-            redis::cmd("DEL")
-                .arg(self.keys.due())
-                .arg(self.keys.tasks())
-                .query_async::<()>(&mut conn)
+            let holder = self.holder.lock().clone().unwrap_or_default();
+            CLEAR
+                .key(self.keys.due())
+                .key(self.keys.tasks())
+                .key(self.keys.engine())
+                .arg(holder)
+                .invoke_async::<i64>(&mut conn)
                 .await?;
             return Ok(());
         }
         // Both scratch keys must still be there (a MULTI would not roll a failed RENAME back,
         // and the live set would be half replaced); RENAME replaces each live key at once.
+        let holder = self.holder.lock().clone().unwrap_or_default();
         let swapped: i64 = SWAP_IN
             .key(scratch_due)
             .key(scratch_tasks)
             .key(self.keys.due())
             .key(self.keys.tasks())
+            .key(self.keys.engine())
+            .arg(holder)
             .invoke_async(&mut conn)
             .await?;
         if swapped != 1 {
@@ -853,7 +907,7 @@ impl TaskStore for RedisStore {
         &self,
         holder: &str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Lease, StoreError>> + Send {
         RedisStore::lease(self, holder, ttl)
     }
 

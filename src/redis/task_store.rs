@@ -58,20 +58,22 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
-    /// Takes or renews the store's writer lease for the engine named `holder`, for `ttl`:
-    /// `Ok(None)` once this engine holds it, `Ok(Some(other))` while engine `other` does. An
+    /// Takes or renews the store's writer lease for the engine named `holder`, for `ttl`. An
     /// engine writes only while it holds the lease, so that two engines on one store (a
     /// rolling deploy) take turns instead of overwriting each other (see
-    /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)). Renewing must not
-    /// need memory the store may lack (a Redis at `maxmemory`). The default holds no lease:
-    /// every engine may write.
+    /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)). Each time the
+    /// lease is taken while free, its epoch goes up by one, so that an engine that takes it
+    /// back can tell whether another held it meanwhile. Renewing must not need memory the
+    /// store may lack (a Redis at `maxmemory`). Once an engine holds the lease, the store
+    /// should refuse its writes if another takes it. The default holds no lease: every engine
+    /// may write (epoch 0).
     fn lease(
         &self,
         holder: &str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Lease, StoreError>> + Send {
         let _ = (holder, ttl);
-        std::future::ready(Ok(None))
+        std::future::ready(Ok(Lease::Held { epoch: 0 }))
     }
 
     /// Gives up the writer lease if `holder` holds it (at shutdown, so that the next engine
@@ -80,6 +82,18 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
         let _ = holder;
         std::future::ready(Ok(()))
     }
+}
+
+/// What [`TaskStore::lease`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// The caller holds the lease; `epoch` counts the times it was taken while free.
+    Held {
+        /// The lease's epoch.
+        epoch: u64,
+    },
+    /// Another engine, named, holds it.
+    Other(String),
 }
 
 /// Runs a store call (built inside `call`, so a panic while building it counts too), and turns
