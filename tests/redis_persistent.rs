@@ -347,7 +347,7 @@ fn start_waits_for_a_held_lease_at_most_takeover_wait() {
 fn an_engine_that_lost_its_lease_writes_nothing_again() {
     let server = RedisServer::start_in_memory();
     let mut cfg = config(&server, "fenced");
-    cfg.engine_lease = Duration::from_millis(300);
+    cfg.engine_lease = Duration::from_secs(1);
     let (p, _fired) = Persistent::start(cfg).unwrap();
     let later = now_ms() + 3_600_000;
     p.schedule("before", "t", serde_json::Value::Null, later)
@@ -360,7 +360,7 @@ fn an_engine_that_lost_its_lease_writes_nothing_again() {
         .arg("intruder")
         .query::<()>(&mut conn)
         .unwrap();
-    // Its next renewal (every 100 ms) finds the intruder.
+    // Its next renewal (every 333 ms) finds the intruder.
     let start = Instant::now();
     loop {
         match p.restore(10) {
@@ -395,22 +395,31 @@ fn an_engine_that_lost_its_lease_writes_nothing_again() {
 }
 
 /// A lease that lapsed with nobody taking it (Redis slow, say) is taken back and writing
-/// resumes; one that another engine took and gave up meanwhile (the epoch moved on by two) is
-/// not: that engine may have written. And Redis itself refuses the batch of an engine that
-/// does not hold the lease, whatever the engine believes.
+/// resumes; one that another engine took and gave up meanwhile (the record of takes names
+/// it) is not: that engine may have written, and the lease stays free for others. And Redis
+/// itself refuses the removals of an engine that does not hold the lease, whatever the engine
+/// believes.
 #[test]
 fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
     let server = RedisServer::start_in_memory();
     let mut cfg = config(&server, "lapse");
-    cfg.engine_lease = Duration::from_millis(300);
+    cfg.engine_lease = Duration::from_secs(1);
     let (p, _fired) = Persistent::start(cfg.clone()).unwrap();
     let later = now_ms() + 3_600_000;
-    let epoch = || redis_int(&server, &["GET", "{lapse}:engine:epoch"]);
-    assert_eq!(epoch(), 1);
-    // Lapsed, nobody took it: taken back at epoch 2.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let takes = |conn: &mut redis::Connection| -> String {
+        redis::cmd("GET")
+            .arg("{lapse}:engine:takes")
+            .query(conn)
+            .unwrap()
+    };
+    let first = takes(&mut conn);
+    assert!(first.starts_with("1 "), "{first}");
+    // Lapsed, nobody took it: taken back, the second take on record.
     redis_int(&server, &["DEL", "{lapse}:engine"]);
     let start = Instant::now();
-    while epoch() != 2 {
+    while !takes(&mut conn).starts_with("2 ") {
         assert!(start.elapsed() < PATIENCE, "the lease was not taken back");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -422,21 +431,28 @@ fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
         1
     );
     // Lapsed, and another engine took it and gave it up in between (one atomic step, so
-    // before the next renewal): the engine takes the free lease at epoch 4, and stops.
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
+    // before the next renewal): the engine stops, and leaves the lease free.
     redis::pipe()
         .atomic()
         .cmd("DEL")
         .arg("{lapse}:engine")
-        .cmd("INCR")
-        .arg("{lapse}:engine:epoch")
+        .cmd("SET")
+        .arg("{lapse}:engine:takes")
+        .arg("3 other-engine")
         .query::<()>(&mut conn)
         .unwrap();
     let start = Instant::now();
-    while !matches!(p.restore(10), Err(PersistError::EngineRunning(_))) {
-        assert!(start.elapsed() < PATIENCE, "the lost lease was not noticed");
-        std::thread::sleep(Duration::from_millis(10));
+    loop {
+        match p.restore(10) {
+            Err(PersistError::EngineRunning(other)) => {
+                assert_eq!(other, "other-engine");
+                break;
+            }
+            _ => {
+                assert!(start.elapsed() < PATIENCE, "the lost lease was not noticed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
     p.schedule("stale", "t", serde_json::Value::Null, later)
         .unwrap();
@@ -445,10 +461,15 @@ fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
         redis_int(&server, &["HEXISTS", "{lapse}:tasks", "stale"]),
         0
     );
+    assert_eq!(
+        redis_int(&server, &["EXISTS", "{lapse}:engine"]),
+        0,
+        "took it anyway"
+    );
     p.shutdown();
 
-    // The store's own check: a store that took the lease for one engine refuses its batch once
-    // the lease is another's.
+    // The store's own check: a store that took the lease for one engine refuses its removals
+    // once the lease is another's.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let store = delaywheel::redis::RedisStore::connect(
@@ -458,10 +479,13 @@ fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
         .await
         .unwrap();
         let op = || delaywheel::redis::Op::Remove("x".into());
-        assert!(matches!(
-            store.lease("me", Duration::from_secs(60)).await.unwrap(),
-            delaywheel::redis::Lease::Held { epoch: 1 }
-        ));
+        assert_eq!(
+            store
+                .lease("me", Duration::from_secs(60), true)
+                .await
+                .unwrap(),
+            delaywheel::redis::Lease::Held
+        );
         store.apply(&[op()]).await.unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
         redis::cmd("SET")

@@ -431,13 +431,19 @@ fn write_batches<S: TaskStore>(
         let mut tasks = tokio::task::JoinSet::new();
         let mut in_flight = InFlight::new();
         let mut done = Written::default();
-        for chunk in batches {
-            done.taken += 1;
+        let mut batches = batches;
+        loop {
+            // A slot first, then the next batch: it is built (and the lease it may check is
+            // looked at) only when it can be sent.
             while tasks.len() >= IN_FLIGHT {
                 if let Some(batch) = tasks.join_next_with_id().await {
                     done.book(batch, &mut in_flight);
                 }
             }
+            let Some(chunk) = batches.next() else {
+                break;
+            };
+            done.taken += 1;
             if done.error.is_some() {
                 done.failed.extend(chunk);
                 break;

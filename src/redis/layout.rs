@@ -14,7 +14,7 @@ pub struct KeyLayout {
     expired: String,
     kind: String,
     engine: String,
-    epoch: String,
+    takes: String,
     ns: String,
 }
 
@@ -88,7 +88,7 @@ impl KeyLayout {
             expired: format!("{{{ns}}}:expired"),
             kind: format!("{{{ns}}}:kind"),
             engine: format!("{{{ns}}}:engine"),
-            epoch: format!("{{{ns}}}:engine:epoch"),
+            takes: format!("{{{ns}}}:engine:takes"),
             ns: ns.to_string(),
         })
     }
@@ -152,11 +152,11 @@ impl KeyLayout {
         &self.engine
     }
 
-    /// How many times [`engine`](Self::engine) was taken while free: an engine that takes
-    /// the lease back compares it with its own, to tell whether another engine held it
-    /// meanwhile.
-    pub fn engine_epoch(&self) -> &str {
-        &self.epoch
+    /// The record of takes of [`engine`](Self::engine): `<count> <name>`, how many times the
+    /// lease was taken while free and the engine that took it last. An engine takes a lapsed
+    /// lease back only if it was that engine (nobody else may have written meanwhile).
+    pub fn engine_takes(&self) -> &str {
+        &self.takes
     }
 
     /// The namespace.

@@ -61,10 +61,10 @@
 //! | `{ns}:expired` | HASH | queue: task id → how many times a lease on it ran out |
 //! | `{ns}:kind` | STRING | the role using the namespace, `persistent` or `queue` (set by the first to connect; the other is refused with [`NamespaceInUse`]) |
 //! | `{ns}:engine` | STRING | [`Persistent`]'s writer lease: the name of the one engine that writes and restores the namespace (see [`PersistConfig::engine_lease`]) |
-//! | `{ns}:engine:epoch` | STRING | how many times that lease was taken while free |
+//! | `{ns}:engine:takes` | STRING | `<count> <name>`: how many times that lease was taken while free, and by whom last |
 //! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running:<token>` (lease TTL) or `done` (keep TTL) |
 //! | `{ns}:wake` | pub/sub channel | queue: wake-ups (a due time in ms, and on a sharded queue `:` and the shard) |
-//! | `{ns}:due:snapshot`, `{ns}:tasks:snapshot` | ZSET, HASH | [`Persistent::snapshot`]'s scratch copy, renamed over `{ns}:due` and `{ns}:tasks` |
+//! | `{ns}:due:snapshot:<engine>`, `{ns}:tasks:snapshot:<engine>` | ZSET, HASH | [`Persistent::snapshot`]'s scratch copy (no `:<engine>` without a lease), renamed over `{ns}:due` and `{ns}:tasks` |
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.
 

@@ -129,7 +129,7 @@ pub struct PersistConfig {
     /// waits for the old one's `shutdown` (which gives the lease up) or, after a crash, for
     /// the lease to expire. One that could not renew it in time stops writing (its changes
     /// wait in the journal) and takes it back once it can, unless another engine took it
-    /// meanwhile (`{ns}:engine:epoch` counts the takes): then it writes nothing again, and
+    /// meanwhile (`{ns}:engine:takes` names the last taker): then it writes nothing again, and
     /// `shutdown` hands back what it did not write. Redis refuses its removals (and a
     /// snapshot's swap) once the lease is another's; a batch of writes already on its way
     /// when the lease lapses may still land. `10 ms..=1 day`, else `start` fails with
@@ -407,16 +407,15 @@ pub(super) struct Inner {
     /// writes only before it (see [`PersistConfig::engine_lease`]).
     held_until_us: AtomicU64,
     started: Instant,
-    /// The lease's epoch when this engine took it ([`NO_EPOCH`] before it first has).
-    epoch: AtomicU64,
+    /// Whether this engine has held the lease: a free lease is then taken back only if this
+    /// engine took it last, and another holder means the namespace is lost.
+    ever_held: AtomicBool,
     /// Another engine held the lease since this one took it: this engine never writes again
-    /// (its state is older than what that engine may have written), and names it here.
+    /// (its state is older than what that engine may have written).
     lost: AtomicBool,
+    /// The other engine last seen holding the lease (for `restore`'s error).
     lost_to: Mutex<String>,
 }
-
-/// `Inner::epoch` before the engine first holds the lease.
-const NO_EPOCH: u64 = u64::MAX;
 
 impl Inner {
     /// Whether this engine holds the writer lease now (see `held_until_us`), and has not lost
@@ -425,24 +424,21 @@ impl Inner {
         !self.lost.load(SeqCst) && self.since_start_us() < self.held_until_us.load(SeqCst)
     }
 
-    /// Books the answer to a lease call sent at `asked` (µs after `started`). Held at the
-    /// epoch this engine took it at (a renewal), or at the next one (taken back while free,
-    /// nobody having taken it meanwhile: each take counts the epoch up): held until the call's
-    /// ttl runs out. Otherwise another engine held it since: lost for good.
+    /// Books the answer to a lease call sent at `asked` (µs after `started`): held until the
+    /// call's ttl runs out (less a margin). Another holder, once this engine has held the
+    /// lease (the store took it back only if this engine took it last), means another engine
+    /// may have written: lost for good. Before, it is only not held yet.
     fn book(&self, asked: u64, lease: Lease) {
         match lease {
-            Lease::Held { epoch } => {
-                let mine = self.epoch.load(SeqCst);
-                if mine == NO_EPOCH || epoch == mine || epoch == mine.wrapping_add(1) {
-                    self.epoch.store(epoch, SeqCst);
-                    self.lease_held(asked);
-                } else {
-                    self.lose(format!(
-                        "an engine that held the lease meanwhile (epoch {epoch}, this engine's {mine})"
-                    ));
-                }
+            Lease::Held => {
+                self.ever_held.store(true, SeqCst);
+                self.lease_held(asked);
             }
-            Lease::Other(other) => self.lose(other),
+            Lease::Other(other) if self.ever_held.load(SeqCst) => self.lose(other),
+            Lease::Other(other) => {
+                self.held_until_us.store(0, SeqCst);
+                *self.lost_to.lock() = other;
+            }
         }
     }
 
@@ -657,7 +653,7 @@ impl<S: TaskStore> Persistent<S> {
             holder,
             held_until_us: AtomicU64::new(0),
             started,
-            epoch: AtomicU64::new(NO_EPOCH),
+            ever_held: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             lost_to: Mutex::new(String::new()),
         });
@@ -992,7 +988,8 @@ impl<S: TaskStore> Persistent<S> {
             let (store, inner) = (self.store.clone(), self.inner.clone());
             wait_on(&self.rt, async move {
                 let asked = inner.since_start_us();
-                let lease = take_lease(&store, &inner.holder, inner.cfg.engine_lease).await;
+                let first = !inner.ever_held.load(SeqCst);
+                let lease = take_lease(&store, &inner.holder, inner.cfg.engine_lease, first).await;
                 lease.map(|lease| inner.book(asked, lease))
             })
             .ok_or_else(runtime_stopped)?
@@ -1355,8 +1352,9 @@ async fn take_lease<S: TaskStore>(
     store: &S,
     holder: &str,
     ttl: Duration,
+    first: bool,
 ) -> Result<Lease, StoreError> {
-    let call = guarded("lease", store.lease(holder, ttl));
+    let call = guarded("lease", store.lease(holder, ttl, first));
     match tokio::time::timeout(lease_call_timeout(ttl), call).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::new(
@@ -1382,7 +1380,7 @@ async fn acquire<S: TaskStore>(
     let mut told = false;
     loop {
         let asked = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        match take_lease(store, holder, ttl).await {
+        match take_lease(store, holder, ttl, true).await {
             Ok(Lease::Other(other)) => {
                 if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     return Err(PersistError::EngineRunning(other));
@@ -1403,7 +1401,8 @@ async fn acquire<S: TaskStore>(
 }
 
 /// Renews the writer lease every third of its length, or takes it while this engine does not
-/// hold it; runs until the engine stops or has lost the namespace to another engine.
+/// hold it; runs until `shutdown` ends it (after the final round) or the engine has lost the
+/// namespace to another engine.
 async fn lease_loop<S: TaskStore>(inner: Arc<Inner>, store: S) {
     let ttl = inner.cfg.engine_lease;
     let mut every = tokio::time::interval(ttl / 3);
@@ -1411,12 +1410,15 @@ async fn lease_loop<S: TaskStore>(inner: Arc<Inner>, store: S) {
     every.tick().await; // the first tick is now, and `launch` has just asked
     loop {
         every.tick().await;
-        if inner.stopping.load(SeqCst) || inner.lost.load(SeqCst) {
+        // Not at `stopping`: the flusher's final round needs the lease (`shutdown` ends this
+        // loop once that round is done).
+        if inner.lost.load(SeqCst) {
             return;
         }
         let held = inner.holds_lease();
         let asked = inner.since_start_us();
-        match take_lease(&store, &inner.holder, ttl).await {
+        let first = !inner.ever_held.load(SeqCst);
+        match take_lease(&store, &inner.holder, ttl, first).await {
             Ok(lease) => {
                 inner.book(asked, lease);
                 if !held && inner.holds_lease() {

@@ -31,22 +31,28 @@ return 1
     )
 });
 
-/// KEYS: the engine lease, its epoch. ARGV: holder, ttl (ms). Renews the lease (PEXPIRE,
-/// which a Redis at `maxmemory` still runs) if `holder` has it, or takes it if it is free
-/// (and counts the epoch up); answers `{'held', epoch}`, or `{'other', holder}`.
+/// KEYS: the engine lease, its record of takes. ARGV: holder, ttl (ms), `1` if the holder
+/// never held the lease. Renews the lease (PEXPIRE, which a Redis at `maxmemory` still runs)
+/// if the holder has it. Takes it if it is free and either the holder never held it or the
+/// last engine to take it was the holder (nobody else may have written since); the record
+/// (`<count> <holder>`) then names the holder. Answers `{'held'}`, or `{'other', name}`.
 static LEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
         r"
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {'held', redis.call('GET', KEYS[2]) or '0'}
+  return {'held'}
 end
-if held == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {'held', tostring(redis.call('INCR', KEYS[2]))}
+if held then return {'other', held} end
+local record = redis.call('GET', KEYS[2]) or ''
+local count, taker = string.match(record, '^(%d+) (.*)$')
+if ARGV[3] ~= '1' and taker ~= ARGV[1] then
+  return {'other', taker or 'an engine whose take is not on record'}
 end
-return {'other', held}
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], tostring((tonumber(count) or 0) + 1) .. ' ' .. ARGV[1])
+return {'held'}
 ",
     )
 });
@@ -428,7 +434,7 @@ impl RedisStore {
     /// lease through this store ([`lease`](Self::lease)), a batch of removals is refused
     /// (`NOTHELD`, nothing removed) unless the lease is still that engine's, so one that lost
     /// it cannot delete what the engine that took it wrote; a batch with writes is not checked
-    /// (the engine checks its lease before each round). A Redis at `maxmemory` runs a batch of
+    /// (the engine checks its lease before each batch). A Redis at `maxmemory` runs a batch of
     /// removals only (the flusher sends removals in batches of their own, so cancels and acks
     /// reach a full Redis and free its memory) and refuses one with writes.
     ///
@@ -716,24 +722,28 @@ impl RedisStore {
     }
 
     /// Takes or renews the namespace's writer lease (`{ns}:engine`) for `holder` (see
-    /// [`TaskStore::lease`]). Once `holder` has it, this store's writes are checked against it.
-    pub async fn lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
+    /// [`TaskStore::lease`]). Once `holder` has it, this store's removals and snapshot swaps
+    /// are checked against it.
+    pub async fn lease(
+        &self,
+        holder: &str,
+        ttl: Duration,
+        first: bool,
+    ) -> Result<Lease, StoreError> {
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let mut conn = self.conn.clone();
         let reply: Vec<String> = LEASE
             .key(self.keys.engine())
-            .key(self.keys.engine_epoch())
+            .key(self.keys.engine_takes())
             .arg(holder)
             .arg(ms)
+            .arg(if first { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await?;
         match reply.as_slice() {
-            [state, epoch] if state == "held" => {
-                let epoch = epoch.parse().map_err(|_| {
-                    StoreError::new(format!("lease epoch {epoch:?} is not a number"))
-                })?;
+            [state] if state == "held" => {
                 *self.holder.lock() = Some(holder.to_owned());
-                Ok(Lease::Held { epoch })
+                Ok(Lease::Held)
             }
             [state, other] if state == "other" => Ok(Lease::Other(other.clone())),
             _ => Err(StoreError::new(format!("unexpected lease reply {reply:?}"))),
@@ -773,8 +783,14 @@ impl RedisStore {
     /// command), so that a copy refused for want of memory does not keep holding that memory
     /// and make the journal's writes fail too.
     pub async fn replace_all(&self, tasks: &[Op]) -> Result<(), StoreError> {
-        let scratch_due = format!("{}:snapshot", self.keys.due());
-        let scratch_tasks = format!("{}:snapshot", self.keys.tasks());
+        // An engine's own scratch keys, once it holds the lease: one that lost it cannot mix
+        // its writes into the holder's snapshot.
+        let suffix = match self.holder.lock().as_deref() {
+            Some(holder) => format!(":snapshot:{holder}"),
+            None => ":snapshot".to_owned(),
+        };
+        let scratch_due = format!("{}{suffix}", self.keys.due());
+        let scratch_tasks = format!("{}{suffix}", self.keys.tasks());
         let mut conn = self.conn.clone();
         let drop_scratch = redis::cmd("DEL")
             .arg(&scratch_due)
@@ -907,8 +923,9 @@ impl TaskStore for RedisStore {
         &self,
         holder: &str,
         ttl: Duration,
+        first: bool,
     ) -> impl Future<Output = Result<Lease, StoreError>> + Send {
-        RedisStore::lease(self, holder, ttl)
+        RedisStore::lease(self, holder, ttl, first)
     }
 
     fn release(&self, holder: &str) -> impl Future<Output = Result<(), StoreError>> + Send {

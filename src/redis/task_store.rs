@@ -61,19 +61,21 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// Takes or renews the store's writer lease for the engine named `holder`, for `ttl`. An
     /// engine writes only while it holds the lease, so that two engines on one store (a
     /// rolling deploy) take turns instead of overwriting each other (see
-    /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)). Each time the
-    /// lease is taken while free, its epoch goes up by one, so that an engine that takes it
-    /// back can tell whether another held it meanwhile. Renewing must not need memory the
+    /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)). When the
+    /// lease is free, it is taken if `first` (this engine never held it) or if this engine was
+    /// the last to take it; otherwise another engine held it meanwhile, and may have
+    /// written: the answer is [`Lease::Other`] naming it. Renewing must not need memory the
     /// store may lack (a Redis at `maxmemory`). Once an engine holds the lease, the store
-    /// should refuse its writes if another takes it. The default holds no lease: every engine
-    /// may write (epoch 0).
+    /// should refuse its destructive writes if another takes it. The default holds no lease:
+    /// every engine may write.
     fn lease(
         &self,
         holder: &str,
         ttl: Duration,
+        first: bool,
     ) -> impl Future<Output = Result<Lease, StoreError>> + Send {
-        let _ = (holder, ttl);
-        std::future::ready(Ok(Lease::Held { epoch: 0 }))
+        let _ = (holder, ttl, first);
+        std::future::ready(Ok(Lease::Held))
     }
 
     /// Gives up the writer lease if `holder` holds it (at shutdown, so that the next engine
@@ -87,12 +89,9 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
 /// What [`TaskStore::lease`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lease {
-    /// The caller holds the lease; `epoch` counts the times it was taken while free.
-    Held {
-        /// The lease's epoch.
-        epoch: u64,
-    },
-    /// Another engine, named, holds it.
+    /// The caller holds the lease.
+    Held,
+    /// Another engine, named, holds it, or took it since the caller last did.
     Other(String),
 }
 
