@@ -648,6 +648,9 @@ fn snapshot_makes_redis_match_memory_exactly_and_retries_while_redis_is_down() {
     assert_eq!(p.snapshot(PATIENCE), Some(2_000));
     assert_eq!(server.zset_members("{snap}:due"), expected);
     assert_eq!(redis_int(&server, &["HLEN", "{snap}:tasks"]), 2_000);
+    // The scratch keys expire if a snapshot never swaps them in; the swapped-in set does not.
+    assert_eq!(redis_int(&server, &["PTTL", "{snap}:due"]), -1);
+    assert_eq!(redis_int(&server, &["PTTL", "{snap}:tasks"]), -1);
 
     // With Redis down the snapshot does not complete, and the flusher keeps at it.
     server.kill();

@@ -424,21 +424,20 @@ impl Inner {
         !self.lost.load(SeqCst) && self.since_start_us() < self.held_until_us.load(SeqCst)
     }
 
-    /// Books the answer to a lease call sent at `asked` (µs after `started`): held until the
-    /// call's ttl runs out (less a margin). Another holder, once this engine has held the
-    /// lease (the store took it back only if this engine took it last), means another engine
-    /// may have written: lost for good. Before, it is only not held yet.
-    fn book(&self, asked: u64, lease: Lease) {
+    /// Books the answer to a lease call sent at `asked` (µs after `started`) as `first` (this
+    /// engine had never held the lease when it sent it): held until the call's ttl runs out
+    /// (less a margin). Another holder, for a call sent once this engine had held the lease
+    /// (the store takes it back only for the engine that took it last), means another engine
+    /// may have written: lost for good. For a first call, it is only not held yet (and an
+    /// answer booked late, after another call took the lease, changes nothing).
+    fn book(&self, asked: u64, lease: Lease, first: bool) {
         match lease {
             Lease::Held => {
                 self.ever_held.store(true, SeqCst);
                 self.lease_held(asked);
             }
-            Lease::Other(other) if self.ever_held.load(SeqCst) => self.lose(other),
-            Lease::Other(other) => {
-                self.held_until_us.store(0, SeqCst);
-                *self.lost_to.lock() = other;
-            }
+            Lease::Other(other) if !first => self.lose(other),
+            Lease::Other(other) => *self.lost_to.lock() = other,
         }
     }
 
@@ -658,7 +657,7 @@ impl<S: TaskStore> Persistent<S> {
             lost_to: Mutex::new(String::new()),
         });
         if let Some((asked, lease)) = took {
-            inner.book(asked, lease);
+            inner.book(asked, lease, true);
         }
         let lease_task = rt.spawn(lease_loop(inner.clone(), store.clone()));
         let fire = {
@@ -990,7 +989,7 @@ impl<S: TaskStore> Persistent<S> {
                 let asked = inner.since_start_us();
                 let first = !inner.ever_held.load(SeqCst);
                 let lease = take_lease(&store, &inner.holder, inner.cfg.engine_lease, first).await;
-                lease.map(|lease| inner.book(asked, lease))
+                lease.map(|lease| inner.book(asked, lease, first))
             })
             .ok_or_else(runtime_stopped)?
             .map_err(PersistError::Store)?;
@@ -1285,8 +1284,10 @@ impl<S: TaskStore> Persistent<S> {
                 let _ = task.await;
             });
         }
-        if self.inner.holds_lease() {
-            // So that the next engine (a new process) need not wait for it to expire.
+        if !self.inner.lost.load(SeqCst) {
+            // So that the next engine (a new process) need not wait for it to expire. Also
+            // when this engine does not know it holds it: a take aborted with the loop may
+            // have landed (the script deletes the lease only if it names this engine).
             let (store, holder) = (self.store.clone(), self.inner.holder.clone());
             let timeout = lease_call_timeout(self.inner.cfg.engine_lease);
             let released = wait_on(&self.rt, async move {
@@ -1420,7 +1421,7 @@ async fn lease_loop<S: TaskStore>(inner: Arc<Inner>, store: S) {
         let first = !inner.ever_held.load(SeqCst);
         match take_lease(&store, &inner.holder, ttl, first).await {
             Ok(lease) => {
-                inner.book(asked, lease);
+                inner.book(asked, lease, first);
                 if !held && inner.holds_lease() {
                     tracing::info!("writer lease taken: writing to the store");
                     let mut state = inner.state.lock();

@@ -14,6 +14,9 @@ use super::layout::{KeyLayout, NamespaceInUse};
 use super::link::{claim_namespaces, Link, PERSISTENT_ROLE};
 use super::task_store::{Lease, TaskStore};
 
+/// How long a snapshot's scratch keys live if the snapshot never swaps them in (an hour).
+const SCRATCH_TTL_MS: u64 = 3_600_000;
+
 /// KEYS: scratch due, scratch tasks, due, tasks, the engine lease. ARGV: holder (empty: no
 /// check). Renames both scratch keys over the live ones, or (returning 0) changes nothing when
 /// either is missing; refuses (`NOTHELD`) unless the lease is the holder's.
@@ -26,6 +29,8 @@ end
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 redis.call('RENAME', KEYS[1], KEYS[3])
 redis.call('RENAME', KEYS[2], KEYS[4])
+redis.call('PERSIST', KEYS[3])
+redis.call('PERSIST', KEYS[4])
 return 1
 ",
     )
@@ -839,6 +844,12 @@ impl RedisStore {
             }
             let mut pipe = redis::pipe();
             pipe.add_command(zadd).ignore().add_command(hset).ignore();
+            // Scratch keys left by a process that died mid-snapshot (their names are its
+            // engine's) expire rather than hold a copy of the set for ever; the swap makes the
+            // live keys persistent again.
+            for key in [scratch_due, scratch_tasks] {
+                pipe.cmd("PEXPIRE").arg(key).arg(SCRATCH_TTL_MS).ignore();
+            }
             pipe.query_async::<()>(&mut conn).await?;
             written += n;
         }
