@@ -1008,20 +1008,22 @@ fn graceful_shutdown_hands_claimed_tasks_back_at_once() {
     b.shutdown(Duration::from_secs(5)).unwrap();
 }
 
-/// A consumer whose only handler thread is stuck hands the tasks it holds to another consumer,
-/// which fires them on time, and claims nothing until the thread is free; the stuck task
-/// stays with it. (It used to keep them, renewed, for as long as it lived.)
-#[test]
-fn a_consumer_whose_handlers_are_stuck_hands_its_tasks_to_another() {
-    let Fixture {
-        server: _server,
-        rt,
-        cfg,
-        p,
-    } = fixture("stuck", |cfg| {
+/// A consumer `a` (recording `job` tasks as consumer 0 in `fired`) whose only handler thread
+/// is stuck in task `hang` until `release` is sent, holding 20 tasks `j0..j19` due at `due`,
+/// `ahead` ms after the start; its `handler_stall` is `stall`.
+struct Stuck {
+    fixture: Fixture,
+    fired: Fired,
+    release: crossbeam_channel::Sender<()>,
+    a: Consumer,
+    due: u64,
+}
+
+fn stuck_consumer(ns: &str, stall: Duration, ahead: u64) -> Stuck {
+    let fixture = fixture(ns, |cfg| {
         cfg.handler_threads = 1;
-        cfg.handler_stall = Duration::from_millis(500);
-        cfg.lookahead = Duration::from_secs(10);
+        cfg.handler_stall = stall;
+        cfg.lookahead = Duration::from_secs(20);
         cfg.reconcile = Duration::from_millis(200);
     });
     let fired: Fired = Arc::default();
@@ -1032,12 +1034,40 @@ fn a_consumer_whose_handlers_are_stuck_hands_its_tasks_to_another() {
         let _ = released.recv();
         Ok(())
     });
-    let a = Consumer::start(cfg.clone(), handlers).unwrap();
-    // 20 tasks A holds, due well after the stall shows (500 ms after the stuck one starts).
-    let due = now_ms() + 4_000;
-    claimed_by(&rt, &p, &a, "j", 20, due);
-    enqueue_all(&rt, &p, "hang", vec![("hang".into(), now_ms())]);
+    let a = Consumer::start(fixture.cfg.clone(), handlers).unwrap();
+    let due = now_ms() + ahead;
+    claimed_by(&fixture.rt, &fixture.p, &a, "j", 20, due);
+    let hang = vec![("hang".to_string(), now_ms())];
+    enqueue_all(&fixture.rt, &fixture.p, "hang", hang);
     started.recv_timeout(PATIENCE).unwrap();
+    Stuck {
+        fixture,
+        fired,
+        release,
+        a,
+        due,
+    }
+}
+
+/// A consumer whose only handler thread is stuck hands the tasks it holds to another consumer,
+/// which fires them on time, and claims nothing until the thread is free; the stuck task
+/// stays with it. (It used to keep them, renewed, for as long as it lived.)
+#[test]
+fn a_consumer_whose_handlers_are_stuck_hands_its_tasks_to_another() {
+    // 20 tasks A holds, due well after the stall shows (500 ms after the stuck one starts).
+    let Stuck {
+        fixture:
+            Fixture {
+                server: _server,
+                rt,
+                cfg,
+                p,
+            },
+        fired,
+        release,
+        a,
+        due,
+    } = stuck_consumer("stuck", Duration::from_millis(500), 4_000);
     let b = Consumer::start(cfg.clone(), recorder(&fired, 1, "job")).unwrap();
     wait_until("A to hand its tasks back", || a.stats().given_back == 20);
     assert_eq!(a.held(), 0);
@@ -1078,30 +1108,18 @@ fn a_consumer_whose_handlers_are_stuck_hands_its_tasks_to_another() {
 /// their leases.
 #[test]
 fn a_refused_stall_hand_back_is_tried_again() {
-    let Fixture { server, rt, cfg, p } = fixture("stuckretry", |cfg| {
-        cfg.handler_threads = 1;
-        cfg.handler_stall = Duration::from_millis(2_000);
-        cfg.lookahead = Duration::from_secs(20);
-        cfg.reconcile = Duration::from_millis(200);
-    });
+    let Stuck {
+        fixture: Fixture { server, rt, cfg, p },
+        fired,
+        release,
+        a,
+        due,
+    } = stuck_consumer("stuckretry", Duration::from_millis(2_000), 9_000);
     let keys = KeyLayout::new("stuckretry").unwrap();
     let mut conn = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
         .unwrap();
-    let fired: Fired = Arc::default();
-    let (started_tx, started) = crossbeam_channel::bounded(1);
-    let (release, released) = crossbeam_channel::bounded::<()>(1);
-    let handlers = recorder(&fired, 0, "job").on("hang", move |_| {
-        let _ = started_tx.send(());
-        let _ = released.recv();
-        Ok(())
-    });
-    let a = Consumer::start(cfg.clone(), handlers).unwrap();
-    let due = now_ms() + 9_000;
-    claimed_by(&rt, &p, &a, "j", 20, due);
-    enqueue_all(&rt, &p, "hang", vec![("hang".into(), now_ms())]);
-    started.recv_timeout(PATIENCE).unwrap();
     // Every script that checks an owner now fails with WRONGTYPE.
     let saved = format!("{}:saved", keys.owner());
     redis::pipe()
