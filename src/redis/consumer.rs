@@ -37,7 +37,7 @@ use super::persistent::now_ms;
 use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
 use super::scripts;
 use super::store::StoreError;
-use super::wall_clock::since_epoch;
+use super::wall_clock::{micros_since, since_epoch};
 use crate::{Timer, TimerId};
 
 /// Outcomes of fired tasks waiting for the resolver, at most.
@@ -228,8 +228,6 @@ struct Shared {
     busy: AtomicUsize,
     last_start_us: AtomicU64,
     started: std::time::Instant,
-    /// Whether the last stall check found the handlers stalled (a stall is logged once).
-    stalled: AtomicBool,
     /// Tasks the stall loop took out of `held` and has not yet handed back.
     handing_back: Mutex<Vec<HandBack>>,
 }
@@ -335,7 +333,6 @@ impl Consumer {
             busy: AtomicUsize::new(0),
             last_start_us: AtomicU64::new(0),
             started: std::time::Instant::now(),
-            stalled: AtomicBool::new(false),
             handing_back: Mutex::new(Vec::new()),
             cfg,
         });
@@ -696,7 +693,9 @@ fn fire(shared: &Shared, c: Claimed) {
         // Its lease is renewed until its outcome is written.
         shared.working.lock().insert(key, c.owner.clone());
     }
-    shared.last_start_us.store(since_start_us(shared), SeqCst);
+    shared
+        .last_start_us
+        .store(micros_since(shared.started), SeqCst);
     let busy = Busy::enter(shared);
     let late_us = now_us().saturating_sub(c.envelope.due_at.saturating_mul(1_000));
     // Saturating: a backlog hours late (after an outage) counts at the histogram's top,
@@ -795,38 +794,36 @@ fn handlers_stalled(shared: &Shared) -> bool {
         return false;
     }
     let stall = u64::try_from(shared.cfg.handler_stall.as_micros()).unwrap_or(u64::MAX);
-    since_start_us(shared).saturating_sub(shared.last_start_us.load(SeqCst)) >= stall
-}
-
-/// Monotonic µs since the consumer started.
-fn since_start_us(shared: &Shared) -> u64 {
-    u64::try_from(shared.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    micros_since(shared.started).saturating_sub(shared.last_start_us.load(SeqCst)) >= stall
 }
 
 /// Watches for stalled handlers (see [`handlers_stalled`]), every quarter of `handler_stall`
 /// (between 1 ms and 1 s). While they are stalled, no claim is sent (`Reserved::take`), and
 /// whatever this consumer holds, fired or not, is taken out of `held` and handed back to the
-/// queue (a task that fires here later finds its entry gone and does not run). If the hand-back
-/// fails, the tasks' leases are no longer renewed, and the reaper returns them.
+/// queue (a task that fires here later finds its entry gone and does not run). A hand-back that
+/// fails is tried again at every check, the tasks' leases renewed meanwhile (see
+/// [`retry_hand_back`]); what is left at shutdown, `shutdown` hands back.
 async fn stall_loop(shared: Arc<Shared>, timer: Timer<Claimed>, mut stop: watch::Receiver<bool>) {
     let every =
         (shared.cfg.handler_stall / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether the last check found the handlers stalled: a stall is logged once.
+    let mut stalled = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
         if !handlers_stalled(&shared) {
-            if shared.stalled.swap(false, SeqCst) {
+            if std::mem::take(&mut stalled) {
                 tracing::info!(consumer = %shared.id, "a handler thread is free again: claiming");
             }
             // A hand-back that failed is tried again, stalled or not.
             retry_hand_back(&shared, &mut stop).await;
             continue;
         }
-        if !shared.stalled.swap(true, SeqCst) {
+        if !std::mem::replace(&mut stalled, true) {
             tracing::warn!(
                 consumer = %shared.id,
                 threads = shared.cfg.handler_threads,
@@ -860,8 +857,9 @@ async fn retry_hand_back(shared: &Arc<Shared>, stop: &mut watch::Receiver<bool>)
         return;
     }
     let deadline = std::time::Instant::now() + shared.cfg.lease / 3;
+    let carried = back.len();
     let (given, failure) = tokio::select! {
-        r = hand_back(shared.clone(), back.clone(), deadline) => r,
+        r = hand_back(shared.clone(), back, deadline) => r,
         _ = stop.changed() => return,
     };
     shared.counters.given_back.fetch_add(given as u64, Relaxed);
@@ -870,12 +868,12 @@ async fn retry_hand_back(shared: &Arc<Shared>, stop: &mut watch::Receiver<bool>)
         None => {
             let mut list = shared.handing_back.lock();
             // Only what this call carried: the loop alone adds to the list, between calls.
-            let n = back.len().min(list.len());
+            let n = carried.min(list.len());
             list.drain(..n);
             tracing::info!(consumer = %shared.id, tasks = given, "held tasks handed back: the handlers are stuck");
         }
         Some(e) => {
-            tracing::warn!(consumer = %shared.id, error = %e, tasks = back.len(), "handing back held tasks failed; trying again");
+            tracing::warn!(consumer = %shared.id, error = %e, tasks = carried, "handing back held tasks failed; trying again");
         }
     }
 }

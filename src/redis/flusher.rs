@@ -425,13 +425,12 @@ impl Written {
 fn write_batches<S: TaskStore>(
     store: &S,
     rt: &tokio::runtime::Runtime,
-    batches: impl Iterator<Item = Vec<Op>>,
+    mut batches: impl Iterator<Item = Vec<Op>>,
 ) -> Written {
     rt.block_on(async {
         let mut tasks = tokio::task::JoinSet::new();
         let mut in_flight = InFlight::new();
         let mut done = Written::default();
-        let mut batches = batches;
         loop {
             // A slot first, then the next batch: it is built (and the lease it may check is
             // looked at) only when it can be sent.

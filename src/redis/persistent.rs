@@ -38,7 +38,7 @@ use super::flusher::{flush_loop, Change, Journal};
 use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
 use super::store::{RedisStore, StoreError};
 use super::task_store::{guarded, Lease, TaskStore};
-use super::wall_clock::{Anchor, WallClock};
+use super::wall_clock::{micros_since, Anchor, WallClock};
 use crate::{BuildError, Timer, TimerId};
 
 /// When a change counts as done.
@@ -454,7 +454,7 @@ impl Inner {
     }
 
     fn since_start_us(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+        micros_since(self.started)
     }
 
     /// A lease call sent at `asked` (µs after `started`) succeeded: held until its ttl, less a
@@ -985,14 +985,9 @@ impl<S: TaskStore> Persistent<S> {
         if !self.inner.holds_lease() && !self.inner.lost.load(SeqCst) {
             // Another engine may be writing: what it writes after this read would be missed.
             let (store, inner) = (self.store.clone(), self.inner.clone());
-            wait_on(&self.rt, async move {
-                let asked = inner.since_start_us();
-                let first = !inner.ever_held.load(SeqCst);
-                let lease = take_lease(&store, &inner.holder, inner.cfg.engine_lease, first).await;
-                lease.map(|lease| inner.book(asked, lease, first))
-            })
-            .ok_or_else(runtime_stopped)?
-            .map_err(PersistError::Store)?;
+            wait_on(&self.rt, async move { ask_lease(&inner, &store).await })
+                .ok_or_else(runtime_stopped)?
+                .map_err(PersistError::Store)?;
         }
         if !self.inner.holds_lease() {
             let to = self.inner.lost_to.lock().clone();
@@ -1380,7 +1375,7 @@ async fn acquire<S: TaskStore>(
     let poll = (ttl / 4).clamp(Duration::from_millis(5), Duration::from_millis(100));
     let mut told = false;
     loop {
-        let asked = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let asked = micros_since(started);
         match take_lease(store, holder, ttl, true).await {
             Ok(Lease::Other(other)) => {
                 if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
@@ -1401,6 +1396,16 @@ async fn acquire<S: TaskStore>(
     }
 }
 
+/// One lease call for a running engine (renew, or take as `first` if it never held it), its
+/// answer booked (see [`Inner::book`]).
+async fn ask_lease<S: TaskStore>(inner: &Inner, store: &S) -> Result<(), StoreError> {
+    let asked = inner.since_start_us();
+    let first = !inner.ever_held.load(SeqCst);
+    let lease = take_lease(store, &inner.holder, inner.cfg.engine_lease, first).await?;
+    inner.book(asked, lease, first);
+    Ok(())
+}
+
 /// Renews the writer lease every third of its length, or takes it while this engine does not
 /// hold it; runs until `shutdown` ends it (after the final round) or the engine has lost the
 /// namespace to another engine.
@@ -1417,11 +1422,8 @@ async fn lease_loop<S: TaskStore>(inner: Arc<Inner>, store: S) {
             return;
         }
         let held = inner.holds_lease();
-        let asked = inner.since_start_us();
-        let first = !inner.ever_held.load(SeqCst);
-        match take_lease(&store, &inner.holder, ttl, first).await {
-            Ok(lease) => {
-                inner.book(asked, lease, first);
+        match ask_lease(&inner, &store).await {
+            Ok(()) => {
                 if !held && inner.holds_lease() {
                     tracing::info!("writer lease taken: writing to the store");
                     let mut state = inner.state.lock();

@@ -21,19 +21,16 @@ const SCRATCH_TTL_MS: u64 = 3_600_000;
 /// check). Renames both scratch keys over the live ones, or (returning 0) changes nothing when
 /// either is missing; refuses (`NOTHELD`) unless the lease is the holder's.
 static SWAP_IN: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
-        r"
-if ARGV[1] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[1] then
-  return redis.error_reply('NOTHELD this engine does not hold the namespace lease')
-end
+    redis::Script::new(&format!(
+        r"{FENCE}
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 redis.call('RENAME', KEYS[1], KEYS[3])
 redis.call('RENAME', KEYS[2], KEYS[4])
 redis.call('PERSIST', KEYS[3])
 redis.call('PERSIST', KEYS[4])
 return 1
-",
-    )
+"
+    ))
 });
 
 /// KEYS: the engine lease, its record of takes. ARGV: holder, ttl (ms), `1` if the holder
@@ -73,9 +70,10 @@ return 0
 });
 
 /// The check that opens every script that writes for an engine: with a holder given (ARGV[1]
-/// not empty), the lease (KEYS[3]) must be that holder's, or the script writes nothing.
+/// not empty), the lease (the script's last key) must be that holder's, or the script writes
+/// nothing.
 const FENCE: &str = r"
-if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then
+if ARGV[1] ~= '' and redis.call('GET', KEYS[#KEYS]) ~= ARGV[1] then
   return redis.error_reply('NOTHELD this engine does not hold the namespace lease')
 end
 ";
@@ -348,8 +346,8 @@ pub struct RedisStore {
     conn: Link,
     /// What `rows` read ahead for the page after the one it returned.
     ahead: Arc<Mutex<Option<Ahead>>>,
-    /// The engine that took the writer lease through this store (and its clones): its writes
-    /// are checked against the lease.
+    /// The engine that took the writer lease through this store (and its clones): its removals
+    /// and snapshot swaps are checked against the lease.
     holder: Arc<Mutex<Option<String>>>,
 }
 
@@ -433,6 +431,11 @@ impl RedisStore {
         &self.keys
     }
 
+    /// The engine whose writes the fenced scripts check the lease for (empty: none, no check).
+    fn holder(&self) -> String {
+        self.holder.lock().clone().unwrap_or_default()
+    }
+
     /// Applies a batch atomically with multi-member commands, so the ZSET and the HASH change
     /// together: one MULTI/EXEC, or for a batch of removals only one Lua script. When an id
     /// appears more than once, its last operation wins. Once an engine has taken the writer
@@ -483,7 +486,7 @@ impl RedisStore {
             if remove.is_empty() {
                 return Ok(());
             }
-            let holder = self.holder.lock().clone().unwrap_or_default();
+            let holder = self.holder();
             let mut script = REMOVE.prepare_invoke();
             script
                 .key(self.keys.due())
@@ -854,7 +857,7 @@ impl RedisStore {
             written += n;
         }
         if written == 0 {
-            let holder = self.holder.lock().clone().unwrap_or_default();
+            let holder = self.holder();
             CLEAR
                 .key(self.keys.due())
                 .key(self.keys.tasks())
@@ -866,7 +869,7 @@ impl RedisStore {
         }
         // Both scratch keys must still be there (a MULTI would not roll a failed RENAME back,
         // and the live set would be half replaced); RENAME replaces each live key at once.
-        let holder = self.holder.lock().clone().unwrap_or_default();
+        let holder = self.holder();
         let swapped: i64 = SWAP_IN
             .key(scratch_due)
             .key(scratch_tasks)

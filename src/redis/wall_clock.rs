@@ -111,6 +111,12 @@ impl WallClock {
     }
 }
 
+/// Whole µs from `start` to now on the monotonic clock (which a step of the wall clock does
+/// not move), saturating: the consumer's and the persistent engine's timestamps of their own.
+pub(crate) fn micros_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The system's real-time clock as time since the Unix epoch (zero for a clock set before
 /// 1970), for callers that need it finer than [`WallClock::now_ms`].
 pub(crate) fn since_epoch() -> Duration {
