@@ -882,13 +882,6 @@ fn a_dead_letter_redis_refuses_leaves_the_task_to_its_lease() {
     cfg.lease = Duration::from_secs(1);
     cfg.reaper_interval = Duration::from_millis(100);
     cfg.max_lease_expiries = 0;
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("{refused}:dead")
-        .arg("not a hash")
-        .query(&mut conn)
-        .unwrap();
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let handlers = {
         let runs = runs.clone();
@@ -898,6 +891,14 @@ fn a_dead_letter_redis_refuses_leaves_the_task_to_its_lease() {
         })
     };
     let c = Consumer::start(cfg, handlers).unwrap();
+    // Once it runs: `Consumer::start` refuses a namespace with a key of the wrong type.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("{refused}:dead")
+        .arg("not a hash")
+        .query(&mut conn)
+        .unwrap();
     enqueue_all(&rt, &p, "job", vec![("d1".into(), now_ms())]);
     wait_until("the task to fire again after its lease", || {
         runs.load(std::sync::atomic::Ordering::SeqCst) >= 2
@@ -2394,16 +2395,6 @@ fn a_failing_claim_backs_off_even_with_no_claim_margin() {
     });
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
-    // The queue's ZSET is a string: every claim fails at once (WRONGTYPE).
-    redis::cmd("SET")
-        .arg("{spin}:due")
-        .arg("not a zset")
-        .query::<()>(&mut conn)
-        .unwrap();
-    redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query::<()>(&mut conn)
-        .unwrap();
     // Every script call, failed or not: `calls` and `rejected_calls` of EVAL and EVALSHA.
     let script_calls = |conn: &mut redis::Connection| -> u64 {
         let stats: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
@@ -2417,6 +2408,17 @@ fn a_failing_claim_backs_off_even_with_no_claim_margin() {
             .sum()
     };
     let c = Consumer::start(cfg, Handlers::new()).unwrap();
+    // Once it runs (`Consumer::start` refuses a key of the wrong type), the queue's ZSET
+    // becomes a string: every claim fails at once (WRONGTYPE).
+    redis::cmd("SET")
+        .arg("{spin}:due")
+        .arg("not a zset")
+        .query::<()>(&mut conn)
+        .unwrap();
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(&mut conn)
+        .unwrap();
     // Two failed claims at least (or the test shows nothing), then a second's worth.
     wait_until("claims to fail", || script_calls(&mut conn) >= 2);
     let before = script_calls(&mut conn);

@@ -49,22 +49,34 @@ impl std::error::Error for NamespaceError {}
 
 /// A namespace (or one shard's key set of a sharded queue) that the other role already uses:
 /// a [`Persistent`](super::Persistent) engine and a queue on the same keys would take each
-/// other's tasks. Its `{ns}:kind` key names the role that claimed it first.
+/// other's tasks. Its `{ns}:kind` key names the role that claimed it first; a namespace with
+/// no kind key is the other role's too when it holds a key only that role writes (a queue's
+/// `lease`, `owner` or `fence`; a `Persistent` engine's writer lease `engine` or its
+/// `engine:takes`), since a producer in another language need not set the kind key. A
+/// namespace one of whose keys has the wrong type (another client's data under the same hash
+/// tag) is refused too, naming the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceInUse {
     /// The namespace (or shard key set, `ns:i`) refused.
     pub namespace: String,
-    /// The role its `{ns}:kind` key names: `persistent`, `queue`, or whatever another
-    /// client wrote there.
+    /// The role using it, `persistent` or `queue`; or whatever another client wrote in its
+    /// kind key; or `another client (...)` for a key of the wrong type, with what was found.
     pub by: String,
+    /// The key that shows it: the kind key, a key of the other role's, or the key of the
+    /// wrong type.
+    pub key: String,
 }
 
 impl fmt::Display for NamespaceInUse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let by = match self.by.as_str() {
+            role @ ("queue" | "persistent") => format!("a {role}"),
+            other => other.to_owned(),
+        };
         write!(
             f,
-            "namespace {:?} is used by a {} ({{{}}}:kind): give each role its own namespace",
-            self.namespace, self.by, self.namespace
+            "namespace {:?} is used by {by} (key {}): give each role its own namespace",
+            self.namespace, self.key
         )
     }
 }

@@ -232,55 +232,137 @@ pub(crate) const QUEUE_ROLE: &str = "queue";
 /// it up (the claim is then skipped, with a warning).
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Claims the namespaces whose `{ns}:kind` keys are `kind_keys` for `role` (`SET NX`, then
-/// `GET`, in one MULTI per key): `Err` names the first one another role holds. A key Redis
-/// cannot be asked about in time is only logged.
-pub(crate) async fn claim_namespaces(
+/// KEYS: the namespace's kind key, then the role's own keys, then the other role's keys.
+/// ARGV: the role, the number of own keys, the type each own key must have, then the other
+/// role's name. Refuses (`{'inuse', by, key}`) a namespace whose kind key names another role,
+/// or that holds a key only the other role writes (a producer in another language need not
+/// set the kind key); refuses (`{'type', key, found, expected}`) one whose kind key or own key
+/// has the wrong type. Otherwise claims the kind key for the role if nobody has, and answers
+/// `{'ok'}`. Checks before it claims: a refused start claims nothing.
+static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'string' then return {'type', KEYS[1], kind, 'string'} end
+local by = redis.call('GET', KEYS[1])
+if by and by ~= ARGV[1] then return {'inuse', by, KEYS[1]} end
+local own = tonumber(ARGV[2])
+for i = 1, own do
+  local found = redis.call('TYPE', KEYS[i + 1])['ok']
+  if found ~= 'none' and found ~= ARGV[i + 2] then
+    return {'type', KEYS[i + 1], found, ARGV[i + 2]}
+  end
+end
+for i = own + 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return {'inuse', ARGV[own + 3], KEYS[i]} end
+end
+if not by then redis.call('SET', KEYS[1], ARGV[1]) end
+return {'ok'}
+",
+    )
+});
+
+/// A role's own keys in a namespace, with the type each must have, and the keys only the other
+/// role writes.
+fn role_keys(keys: &super::KeyLayout, role: &str) -> (Vec<(String, &'static str)>, Vec<String>) {
+    let shared = [
+        (keys.due().to_owned(), "zset"),
+        (keys.tasks().to_owned(), "hash"),
+        (keys.dead().to_owned(), "hash"),
+    ];
+    let persistent = [
+        (keys.engine().to_owned(), "string"),
+        (keys.engine_takes().to_owned(), "string"),
+    ];
+    let queue = [
+        (keys.lease().to_owned(), "zset"),
+        (keys.owner().to_owned(), "hash"),
+        (keys.fence().to_owned(), "string"),
+        (keys.expired().to_owned(), "hash"),
+    ];
+    let (own, other): (Vec<_>, Vec<_>) = if role == QUEUE_ROLE {
+        (queue.to_vec(), persistent.to_vec())
+    } else {
+        (persistent.to_vec(), queue.to_vec())
+    };
+    let own = shared.into_iter().chain(own).collect();
+    // The other role's fence is the counter a queue keeps for ever; a queue's `expired` may
+    // be empty (gone) while it runs, so the lease, owner and fence are what show a queue.
+    let other = other
+        .into_iter()
+        .map(|(key, _)| key)
+        .filter(|key| key != keys.expired())
+        .collect();
+    (own, other)
+}
+
+/// Claims the namespaces `layouts` for `role` (the [`CLAIM`] script, one call per namespace):
+/// `Err` names the first one refused, and the key that refused it (the kind key naming the
+/// other role, a key only the other role writes, or a key of the wrong type). A namespace
+/// Redis cannot be asked about in time is only logged.
+pub(crate) async fn claim_namespaces<'a>(
     link: &Link,
-    kind_keys: impl IntoIterator<Item = (String, String)>,
+    layouts: impl IntoIterator<Item = &'a super::KeyLayout>,
     role: &str,
 ) -> Result<(), super::NamespaceInUse> {
-    let claims = kind_keys.into_iter().map(|(namespace, key)| {
+    let other_role = if role == QUEUE_ROLE {
+        PERSISTENT_ROLE
+    } else {
+        QUEUE_ROLE
+    };
+    let claims = layouts.into_iter().map(|keys| {
         let mut conn = link.clone();
+        let (own, other) = role_keys(keys, role);
+        let mut script = CLAIM.prepare_invoke();
+        script.key(keys.kind());
+        for (key, _) in &own {
+            script.key(key.as_str());
+        }
+        for key in &other {
+            script.key(key.as_str());
+        }
+        script.arg(role).arg(own.len());
+        for (_, expected) in &own {
+            script.arg(*expected);
+        }
+        script.arg(other_role);
+        let namespace = keys.namespace().to_owned();
         async move {
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .cmd("SET")
-                .arg(&key)
-                .arg(role)
-                .arg("NX")
-                .ignore()
-                .cmd("GET")
-                .arg(&key);
             // Each on its own clock: one slow node must not discard the others' answers.
-            let held = tokio::time::timeout(
-                CLAIM_TIMEOUT,
-                pipe.query_async::<(Option<Vec<u8>>,)>(&mut conn),
-            )
-            .await;
-            (namespace, held)
+            let answer =
+                tokio::time::timeout(CLAIM_TIMEOUT, script.invoke_async::<Vec<String>>(&mut conn))
+                    .await;
+            (namespace, answer)
         }
     });
     let answers = futures_util::future::join_all(claims).await;
-    for (namespace, held) in answers {
-        match held {
-            Ok(Ok((Some(by),))) if by != role.as_bytes() => {
-                return Err(super::NamespaceInUse {
-                    namespace,
-                    by: String::from_utf8_lossy(&by).into_owned(),
-                });
-            }
-            Ok(Ok(_)) => {}
-            // The key holds something else than a role name: another client's data under the
-            // namespace's tag. Refused, not skipped.
-            Ok(Err(e)) if wrong_type(&e) => {
-                return Err(super::NamespaceInUse {
-                    namespace,
-                    by: "another client (its kind key is not a string)".into(),
-                });
-            }
+    for (namespace, answer) in answers {
+        match answer {
+            Ok(Ok(reply)) => match reply.as_slice() {
+                [ok] if ok == "ok" => {}
+                [inuse, by, key] if inuse == "inuse" => {
+                    return Err(super::NamespaceInUse {
+                        namespace,
+                        by: by.clone(),
+                        key: key.clone(),
+                    });
+                }
+                [wrong, key, found, expected] if wrong == "type" => {
+                    return Err(super::NamespaceInUse {
+                        namespace,
+                        by: format!(
+                            "another client (its key {key} is a {found}, not the {expected} \
+                             this role keeps there)"
+                        ),
+                        key: key.clone(),
+                    });
+                }
+                _ => {
+                    tracing::warn!(%namespace, role, ?reply, "namespace claim answered oddly; not checked");
+                }
+            },
             Ok(Err(e)) => {
-                // An ACL user without SET on the key, a read-only replica: not checked.
+                // An ACL user without the rights, a read-only replica: not checked.
                 tracing::warn!(%namespace, role, error = %e, "namespace claim failed; not checked");
             }
             Err(_) => {
@@ -292,7 +374,7 @@ pub(crate) async fn claim_namespaces(
 }
 
 /// Whether `e` (a transaction's failure, or a command's) says a key held another type.
-fn wrong_type(e: &redis::RedisError) -> bool {
+pub(crate) fn wrong_type(e: &redis::RedisError) -> bool {
     e.code() == Some("WRONGTYPE")
         || e.clone()
             .into_server_errors()

@@ -445,11 +445,8 @@ impl Conn {
             commands: Arc::new(AtomicU64::new(0)),
         };
         conn.preload().await;
-        let kinds = shards
-            .iter()
-            .map(|k| (k.namespace().to_owned(), k.kind().to_owned()));
         conn.count(shards.len() as u64);
-        claim_namespaces(&conn.conn, kinds, QUEUE_ROLE)
+        claim_namespaces(&conn.conn, shards, QUEUE_ROLE)
             .await
             .map_err(QueueError::InUse)?;
         Ok(conn)

@@ -772,11 +772,7 @@ impl RedisStore {
     /// Claims the namespace for [`Persistent`](super::Persistent) (its `{ns}:kind` key):
     /// refused if a queue uses it.
     pub(crate) async fn claim(&self) -> Result<(), NamespaceInUse> {
-        let kind = (
-            self.keys.namespace().to_owned(),
-            self.keys.kind().to_owned(),
-        );
-        claim_namespaces(&self.conn, [kind], PERSISTENT_ROLE).await
+        claim_namespaces(&self.conn, [&self.keys], PERSISTENT_ROLE).await
     }
 
     /// Replaces the live set with the upserts in `tasks` (see
