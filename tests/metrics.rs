@@ -151,6 +151,36 @@ fn the_engine_persistence_and_queue_publish_their_metrics() {
     );
     drop(p);
 
+    // Redis lost the namespace (restarted empty) under a running engine: counted as a loss of
+    // Redis data, and the engine writes again (its writing gauge back at 1).
+    let losses = seen
+        .read(&snapshotter)
+        .get("delaywheel_store_data_loss_total")
+        .map_or(0, |m| m.0);
+    let mut empty = redis_server::RedisServer::start_in_memory();
+    let mut cfg = PersistConfig::new(empty.url(), "lossy");
+    cfg.engine_lease = Duration::from_millis(600);
+    let (p, _fired) = Persistent::start(cfg).unwrap();
+    p.schedule("kept", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .unwrap();
+    assert!(p.flush(Duration::from_secs(30)));
+    empty.restart();
+    let start = Instant::now();
+    loop {
+        let m = seen.read(&snapshotter);
+        let lost = m.get("delaywheel_store_data_loss_total").map_or(0, |m| m.0);
+        let writing = m.get("delaywheel_persist_writing").map_or(0.0, |m| m.1);
+        if lost > losses && writing == 1.0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "data losses {lost} (before: {losses}), writing gauge {writing}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(p);
+
     // The queue: depth, leased, dead, claim batches, lateness, commands per fired task.
     let mut cfg = QueueConfig::new(server.url(), "mq");
     cfg.reaper_interval = Duration::from_millis(50);

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
-    now_ms, Broken, Durability, Envelope, Op, PersistConfig, PersistError, Persistent, Row, Rows,
-    StoreError, TaskStore, WallClock,
+    now_ms, Broken, Cursor, Durability, Envelope, Op, PersistConfig, PersistError, Persistent, Row,
+    Rows, StoreError, TaskStore, WallClock,
 };
 use delaywheel::ManualClock;
 use parking_lot::Mutex;
@@ -138,9 +138,14 @@ impl TaskStore for MemStore {
 
     fn rows(
         &self,
-        cursor: u64,
+        cursor: Cursor,
         count: usize,
     ) -> impl Future<Output = Result<Rows, StoreError>> + Send {
+        // This store's cursor is a position in its sorted table, as decimal digits.
+        let cursor: u64 = std::str::from_utf8(cursor.as_bytes())
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         if cursor > 0 && self.rows_panic.load(SeqCst) {
             panic!("the store's reader broke");
         }
@@ -156,7 +161,7 @@ impl TaskStore for MemStore {
             page.rows
                 .extend(stored.iter().skip(cursor as usize).take(count).map(row));
             let next = cursor as usize + page.rows.len();
-            page.next = if next >= stored.len() { 0 } else { next as u64 };
+            page.next = (next < stored.len()).then(|| Cursor::new(next.to_string()));
             if held_back {
                 page.rows.extend(stored.iter().take(1).map(row));
             }

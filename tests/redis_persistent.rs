@@ -374,8 +374,18 @@ fn an_engine_that_lost_its_lease_writes_nothing_again() {
             }
         }
     }
-    p.schedule("after", "t", serde_json::Value::Null, later)
-        .unwrap();
+    // A task it would never write is refused, and handed back, not taken with an `Ok`.
+    match p.schedule("after", "t", serde_json::Value::Null, later) {
+        Err(PersistError::LeaseLost(holder, envelope)) => {
+            assert_eq!(
+                (holder.as_str(), envelope.id.as_str()),
+                ("intruder", "after")
+            );
+        }
+        other => panic!("a schedule after the lease was lost: {other:?}"),
+    }
+    assert!(!p.is_writing());
+    p.cancel("before");
     assert!(
         !p.flush(Duration::from_millis(300)),
         "wrote without the lease"
@@ -387,11 +397,11 @@ fn an_engine_that_lost_its_lease_writes_nothing_again() {
         "wrote after losing the lease"
     );
     assert_eq!(
-        redis_int(&server, &["HEXISTS", "{fenced}:tasks", "after"]),
-        0
+        redis_int(&server, &["HEXISTS", "{fenced}:tasks", "before"]),
+        1,
+        "the cancel was written without the lease"
     );
-    let back: Vec<String> = p.shutdown().into_iter().map(|e| e.id).collect();
-    assert_eq!(back, ["after"]);
+    assert!(p.shutdown().is_empty());
 }
 
 /// A lease that lapsed with nobody taking it (Redis slow, say) is taken back and writing
@@ -454,12 +464,16 @@ fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
             }
         }
     }
-    p.schedule("stale", "t", serde_json::Value::Null, later)
-        .unwrap();
+    assert!(matches!(
+        p.schedule("stale", "t", serde_json::Value::Null, later),
+        Err(PersistError::LeaseLost(..))
+    ));
+    p.cancel("resumed");
     assert!(!p.flush(Duration::from_millis(300)));
     assert_eq!(
-        redis_int(&server, &["HEXISTS", "{lapse}:tasks", "stale"]),
-        0
+        redis_int(&server, &["HEXISTS", "{lapse}:tasks", "resumed"]),
+        1,
+        "the cancel was written after the lease was lost"
     );
     assert_eq!(
         redis_int(&server, &["EXISTS", "{lapse}:engine"]),

@@ -5,7 +5,8 @@
 mod redis_server;
 
 use delaywheel::redis::{
-    BrokenReason, Envelope, EnvelopeError, KeyLayout, NamespaceError, Op, RedisStore, MAX_DUE_MS,
+    BrokenReason, Cursor, Envelope, EnvelopeError, KeyLayout, NamespaceError, Op, RedisStore,
+    MAX_DUE_MS,
 };
 use redis_server::RedisServer;
 
@@ -29,15 +30,15 @@ fn upsert(e: &Envelope) -> Op {
 }
 
 async fn all(store: &RedisStore) -> (Vec<Envelope>, Vec<delaywheel::redis::Broken>) {
-    let (mut tasks, mut broken, mut cursor) = (Vec::new(), Vec::new(), 0);
+    let (mut tasks, mut broken, mut cursor) = (Vec::new(), Vec::new(), Cursor::start());
     loop {
         let page = store.page(cursor, 100).await.unwrap();
         tasks.extend(page.tasks);
         broken.extend(page.broken);
-        if page.next == 0 {
-            break;
+        match page.next {
+            Some(next) => cursor = next,
+            None => break,
         }
-        cursor = page.next;
     }
     tasks.sort_by(|a, b| a.id.cmp(&b.id));
     tasks.dedup_by(|a, b| a.id == b.id);
@@ -138,9 +139,9 @@ async fn paging_reads_every_entry_in_small_replies() {
             .await
             .unwrap();
     }
-    let first = store.page(0, 100).await.unwrap();
+    let first = store.page(Cursor::start(), 100).await.unwrap();
     assert!(
-        first.next != 0 && first.tasks.len() < 1_000,
+        first.next.is_some() && first.tasks.len() < 1_000,
         "one page is not the whole set"
     );
     let (read, broken) = all(&store).await;
@@ -148,20 +149,20 @@ async fn paging_reads_every_entry_in_small_replies() {
     assert_eq!(read, tasks);
     // Larger pages (several read ahead, two in flight) come back whole too, each envelope
     // with its own row.
-    let (mut cursor, mut seen) = (0, std::collections::BTreeSet::new());
+    let (mut cursor, mut seen) = (Cursor::start(), std::collections::BTreeSet::new());
     loop {
         let page = store.page(cursor, 4_000).await.unwrap();
         assert!(page.broken.is_empty());
         seen.extend(page.tasks.into_iter().map(|t| t.id));
-        cursor = page.next;
-        if cursor == 0 {
-            break;
+        match page.next {
+            Some(next) => cursor = next,
+            None => break,
         }
     }
     assert_eq!(seen, tasks.iter().map(|t| t.id.clone()).collect());
     // A scan given up after its first page and begun again reads everything again.
-    let first = store.page(0, 1_000).await.unwrap();
-    assert!(first.next != 0);
+    let first = store.page(Cursor::start(), 1_000).await.unwrap();
+    assert!(first.next.is_some());
     let (read_again, _) = all(&store).await;
     assert_eq!(read_again, tasks);
 }

@@ -693,7 +693,7 @@ mod tests {
             self.0.fetch_add(1, SeqCst);
             async { Err(StoreError::new("down")) }
         }
-        async fn rows(&self, _: u64, _: usize) -> Result<Rows, StoreError> {
+        async fn rows(&self, _: crate::redis::Cursor, _: usize) -> Result<Rows, StoreError> {
             Err(StoreError::new("down"))
         }
         async fn dead_letter(&self, _: &[Broken], _: u64) -> Result<(), StoreError> {

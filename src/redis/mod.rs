@@ -93,5 +93,5 @@ pub use queue::{
     shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy, When,
 };
 pub use store::{Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError, MAX_PAGE};
-pub use task_store::{Lease, TaskStore};
+pub use task_store::{Cursor, Lease, TaskStore};
 pub use wall_clock::WallClock;

@@ -36,8 +36,8 @@ use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::{Envelope, EnvelopeError};
 use super::flusher::{flush_loop, Change, Journal};
 use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
-use super::store::{RedisStore, StoreError};
-use super::task_store::{guarded, Lease, TaskStore};
+use super::store::{RedisStore, Rows, StoreError};
+use super::task_store::{guarded, Cursor, Lease, TaskStore};
 use super::wall_clock::{micros_since, Anchor, WallClock};
 use crate::{BuildError, Timer, TimerId};
 
@@ -221,6 +221,12 @@ pub enum PersistError {
     /// within [`PersistConfig::takeover_wait`] (from `start`), or holds it now (from
     /// `restore`). See [`PersistConfig::engine_lease`].
     EngineRunning(String),
+    /// Another engine (named) took the namespace's writer lease from this one while it ran
+    /// (a second process on the namespace, a lease that ran out while this one stalled): this
+    /// engine writes nothing to the store any more, so it refuses new tasks, handing the
+    /// envelope back. Shut it down and start a new engine, which restores what the other
+    /// wrote. [`Persistent::is_writing`] tells it beforehand.
+    LeaseLost(String, Box<Envelope>),
 }
 
 impl fmt::Display for PersistError {
@@ -238,6 +244,12 @@ impl fmt::Display for PersistError {
             PersistError::EngineRunning(holder) => write!(
                 f,
                 "another persistent engine ({holder}) holds the namespace's writer lease"
+            ),
+            PersistError::LeaseLost(holder, envelope) => write!(
+                f,
+                "task {:?} refused: another persistent engine ({holder}) took the namespace's \
+                 writer lease, and this engine no longer writes to the store",
+                envelope.id
             ),
             PersistError::Unconfirmed(id) => write!(
                 f,
@@ -264,6 +276,10 @@ pub struct RestoreReport {
     pub dead_lettered: usize,
     /// Loaded tasks that were already due (fired per [`Overdue`]).
     pub overdue: usize,
+    /// Times the scan started again from the start because the store could no longer continue
+    /// from its cursor (for Redis: the server restarted or failed over during the restore).
+    /// What was loaded before stays loaded.
+    pub rescans: usize,
 }
 
 /// A task held in the index. Its envelope is its key ([`TaskKey`]): the index's key is always
@@ -436,9 +452,49 @@ impl Inner {
                 self.ever_held.store(true, SeqCst);
                 self.lease_held(asked);
             }
+            Lease::Retaken(why) => {
+                self.ever_held.store(true, SeqCst);
+                self.lease_held(asked);
+                if !first {
+                    self.write_all_back(&why);
+                }
+            }
             Lease::Other(other) if !first => self.lose(other),
             Lease::Other(other) => *self.lost_to.lock() = other,
         }
+        metrics::gauge!("delaywheel_persist_writing").set(if self.holds_lease() {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
+    /// The store lost data this engine wrote (`why`: Redis restarted empty or from older
+    /// data, failed over to a replica that lagged, or the namespace was flushed): memory holds
+    /// every pending task, so it writes them all back. Once a restore has completed, as a
+    /// snapshot (which also removes what a lagging replica kept of tasks since cancelled);
+    /// before, as upserts in the journal (a snapshot then would delete the rows a previous
+    /// process left that no restore has read yet). Counted in
+    /// `delaywheel_store_data_loss_total`, and logged as an error.
+    fn write_all_back(&self, why: &str) {
+        metrics::counter!("delaywheel_store_data_loss_total").increment(1);
+        let mut state = self.state.lock();
+        let State {
+            index,
+            journal,
+            restored,
+            ..
+        } = &mut *state;
+        tracing::error!(reason = %why, tasks = index.len(), restored = *restored, "the store lost data: writing every pending task back");
+        if *restored {
+            journal.snapshot_wanted = true;
+        } else {
+            for (key, entry) in index.iter_mut() {
+                entry.persisted = true;
+                journal.record(key.clone(), Change::Upsert(key.envelope().due_at));
+            }
+        }
+        self.kick(journal);
     }
 
     /// Another engine (`to`) holds or held the lease since this one took it: this engine
@@ -732,6 +788,11 @@ impl<S: TaskStore> Persistent<S> {
         if let Err(e) = envelope.fits(self.inner.cfg.max_envelope) {
             return Err(PersistError::Envelope(e, Box::new(envelope)));
         }
+        if self.inner.lost.load(SeqCst) {
+            // Never an `Ok` for a task that no store write will ever carry.
+            let holder = self.inner.lost_to.lock().clone();
+            return Err(PersistError::LeaseLost(holder, Box::new(envelope)));
+        }
         // Allocated before the lock is taken.
         let envelope = Arc::new(envelope);
         // WriteThrough's whole wait (for room, then for Redis) ends here, if it has a timeout.
@@ -858,6 +919,11 @@ impl<S: TaskStore> Persistent<S> {
                     if self.inner.stopping.load(SeqCst) {
                         return Err(PersistError::Shutdown(unshare(envelope)));
                     }
+                    if self.inner.lost.load(SeqCst) {
+                        // No round will ever make room.
+                        let holder = self.inner.lost_to.lock().clone();
+                        return Err(PersistError::LeaseLost(holder, unshare(envelope)));
+                    }
                 }
             }
         }
@@ -960,6 +1026,15 @@ impl<S: TaskStore> Persistent<S> {
         self.inner.state.lock().index.contains_key(id)
     }
 
+    /// Whether this engine writes to the store now: it holds the namespace's writer lease, as
+    /// far as its last renewal tells, and has not lost it to another engine. `false` while the
+    /// store is unreachable (changes wait in the journal), or for good once another engine took
+    /// the lease ([`PersistError::LeaseLost`]). The same as the gauge
+    /// `delaywheel_persist_writing` (1 or 0), set at each lease renewal: alert when it stays 0.
+    pub fn is_writing(&self) -> bool {
+        self.inner.holds_lease()
+    }
+
     /// Unflushed changes in the journal.
     pub fn journal_depth(&self) -> usize {
         self.inner.state.lock().journal.depth()
@@ -1004,18 +1079,36 @@ impl<S: TaskStore> Persistent<S> {
         // Whether the last page said the scan is complete.
         let mut scanned = false;
         // A fetcher task reads the next pages while this thread decodes the current one and
-        // loads it into the wheel.
+        // loads it into the wheel. A cursor the store can no longer continue from (its server
+        // changed) starts the scan again from the start: what was loaded stays (a row read
+        // again is deduplicated by id), and nothing is skipped.
         let (tx, pages) = tokio::sync::mpsc::channel(2);
         let store = self.store.clone();
         let fetcher = self.rt.spawn(async move {
-            let mut cursor = 0;
+            let mut cursor = Cursor::start();
+            let mut rescans = 0;
             loop {
-                let page = guarded("read", async { store.rows(cursor, page_size).await }).await;
-                let next = page.as_ref().map_or(0, |p| p.next);
-                if tx.send(page).await.is_err() || next == 0 {
+                let page = guarded("read", store.rows(cursor, page_size)).await;
+                let page = match page {
+                    Err(e) if e.is_cursor_lost() && rescans < MAX_RESCANS => {
+                        rescans += 1;
+                        tracing::warn!(error = %e, rescans, "restore: the scan starts again from the start");
+                        if tx.send(Fetched::Rescan).await.is_err() {
+                            return;
+                        }
+                        cursor = Cursor::start();
+                        continue;
+                    }
+                    page => page,
+                };
+                let next = page.as_ref().ok().and_then(|p| p.next.clone());
+                if tx.send(Fetched::Page(page)).await.is_err() {
                     return;
                 }
-                cursor = next;
+                match next {
+                    Some(next) => cursor = next,
+                    None => return,
+                }
             }
         });
         let _abort_on_return = AbortOnDrop(fetcher);
@@ -1034,10 +1127,18 @@ impl<S: TaskStore> Persistent<S> {
                 // `shutdown` waits for this restore before its final round: stop here.
                 return Err(PersistError::Stopped);
             }
+            let page = match page {
+                Fetched::Page(page) => page,
+                Fetched::Rescan => {
+                    report.rescans += 1;
+                    scanned = false;
+                    continue;
+                }
+            };
             let rows = page.map_err(PersistError::Store)?;
             report.dead_lettered += rows.set_aside;
             let mut page = rows.classify();
-            scanned = page.next == 0;
+            scanned = page.next.is_none();
             {
                 // An id this engine holds or has changed since is not the store's to judge: the
                 // row may have changed between the scan's two reads. A held one's row is in
@@ -1433,6 +1534,11 @@ async fn lease_loop<S: TaskStore>(inner: Arc<Inner>, store: S) {
             Err(e) => {
                 // Held until its last renewal runs out, as far as this engine can tell.
                 tracing::debug!(error = %e, "renewing the writer lease failed");
+                metrics::gauge!("delaywheel_persist_writing").set(if inner.holds_lease() {
+                    1.0
+                } else {
+                    0.0
+                });
                 if held && !inner.holds_lease() {
                     tracing::warn!(error = %e, "writer lease not renewed in time: writing stops until it is");
                 }
@@ -1535,6 +1641,16 @@ fn unshare(envelope: Arc<Envelope>) -> Box<Envelope> {
     Box::new(Arc::try_unwrap(envelope).unwrap_or_else(|e| (*e).clone()))
 }
 
+/// How many times a restore starts its scan again after a lost cursor before it fails: a store
+/// whose server keeps changing under the scan never finishes one.
+const MAX_RESCANS: usize = 8;
+
+/// What a restore's fetcher hands over: a page, or word that the scan starts again.
+enum Fetched {
+    Page(Result<Rows, StoreError>),
+    Rescan,
+}
+
 /// Aborts a task when dropped (an early return from `restore` stops its fetcher).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -1557,7 +1673,7 @@ mod tests {
         async fn apply(&self, _: &[Op]) -> Result<(), StoreError> {
             Ok(())
         }
-        async fn rows(&self, _: u64, _: usize) -> Result<Rows, StoreError> {
+        async fn rows(&self, _: crate::redis::Cursor, _: usize) -> Result<Rows, StoreError> {
             Ok(Rows::default())
         }
         async fn dead_letter(&self, _: &[Broken], _: u64) -> Result<(), StoreError> {

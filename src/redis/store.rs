@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::{KeyLayout, NamespaceInUse};
 use super::link::{claim_namespaces, Link, PERSISTENT_ROLE};
-use super::task_store::{Lease, TaskStore};
+use super::task_store::{Cursor, Lease, TaskStore};
 
 /// How long a snapshot's scratch keys live if the snapshot never swaps them in (an hour).
 const SCRATCH_TTL_MS: u64 = 3_600_000;
@@ -37,24 +37,49 @@ return 1
 /// never held the lease. Renews the lease (PEXPIRE, which a Redis at `maxmemory` still runs)
 /// if the holder has it. Takes it if it is free and either the holder never held it or the
 /// last engine to take it was the holder (nobody else may have written since); the record
-/// (`<count> <holder>`) then names the holder. Answers `{'held'}`, or `{'other', name}`.
+/// (`<count> <holder>`) then names the holder. A free lease with no record at all, asked for
+/// by a holder that held it before, means Redis lost the namespace (restarted empty, a flush):
+/// taken, and answered `reset`. Answers `{'held', run_id}`, `{'reset', run_id}` or
+/// `{'other', name, run_id}`, with the server's `run_id`.
 static LEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
-        r"
+        &(RUN_ID.to_owned()
+            + r"
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {'held'}
+  return {'held', run_id}
 end
-if held then return {'other', held} end
-local record = redis.call('GET', KEYS[2]) or ''
-local count, taker = string.match(record, '^(%d+) (.*)$')
-if ARGV[3] ~= '1' and taker ~= ARGV[1] then
-  return {'other', taker or 'an engine whose take is not on record'}
+if held then return {'other', held, run_id} end
+local record = redis.call('GET', KEYS[2])
+local count, taker = string.match(record or '', '^(%d+) (.*)$')
+if ARGV[3] ~= '1' and record and taker ~= ARGV[1] then
+  return {'other', taker or 'an engine whose take is not on record', run_id}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], tostring((tonumber(count) or 0) + 1) .. ' ' .. ARGV[1])
-return {'held'}
+if ARGV[3] ~= '1' and not record then return {'reset', run_id} end
+return {'held', run_id}
+"),
+    )
+});
+
+/// KEYS: due, tasks. ARGV: the ids a batch wrote. When one of the keys holds the wrong type
+/// (the batch's MULTI failed on it), removes the ids from the other, which took them, so no
+/// half of the batch stays. Returns the two keys' types.
+static UNDO_HALF_APPLIED: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local due = redis.call('TYPE', KEYS[1])['ok']
+local tasks = redis.call('TYPE', KEYS[2])['ok']
+local due_ok = due == 'zset' or due == 'none'
+local tasks_ok = tasks == 'hash' or tasks == 'none'
+for i = 1, #ARGV, 1000 do
+  local j = math.min(i + 999, #ARGV)
+  if due_ok and not tasks_ok then redis.call('ZREM', KEYS[1], unpack(ARGV, i, j)) end
+  if tasks_ok and not due_ok then redis.call('HDEL', KEYS[2], unpack(ARGV, i, j)) end
+end
+return {due, tasks}
 ",
     )
 });
@@ -77,6 +102,67 @@ if ARGV[1] ~= '' and redis.call('GET', KEYS[#KEYS]) ~= ARGV[1] then
   return redis.error_reply('NOTHELD this engine does not hold the namespace lease')
 end
 ";
+
+/// Lua: `run_id`, the identity of the server running the script (a new one after every
+/// restart, and on each node of a failover). Redis 7 replicates a script's effects, so reading
+/// INFO in it is allowed.
+const RUN_ID: &str =
+    "local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+";
+
+/// KEYS: due, tasks. ARGV: count, then (to continue a scan) the score and the member of the
+/// last row read. Reply: the server's `run_id`, then `member, score, envelope` (false where
+/// the HASH has none) for up to `count` rows after that one, in the ZSET's order (score, then
+/// member bytes). Read-only.
+///
+/// A keyset page: the rows after (score, member), found by ZCOUNT (the rows due before that
+/// score) and a binary search of the members due at that very score (compared as bytes, as
+/// Redis orders them; Lua's `<` would follow the server's locale). Removed or added rows shift
+/// nothing, and so a restarted server continues the scan where the last one stopped.
+static PAGE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(&format!(
+        r"{RUN_ID}
+local count = tonumber(ARGV[1])
+local start = 0
+if #ARGV >= 3 then
+  local score, member = ARGV[2], ARGV[3]
+  local function not_after(a, b)
+    if a == b then return true end
+    for i = 1, math.min(#a, #b) do
+      local x, y = string.byte(a, i), string.byte(b, i)
+      if x ~= y then return x < y end
+    end
+    return #a < #b
+  end
+  local lo = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. score)
+  local hi = lo + redis.call('ZCOUNT', KEYS[1], score, score)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if not_after(redis.call('ZRANGE', KEYS[1], mid, mid)[1], member) then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  start = lo
+end
+local flat = redis.call('ZRANGE', KEYS[1], start, start + count - 1, 'WITHSCORES')
+local reply = {{run_id}}
+for i = 1, #flat, 2000 do
+  local ids = {{}}
+  for j = i, math.min(i + 1999, #flat), 2 do ids[#ids + 1] = flat[j] end
+  local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
+  for k = 1, #ids do
+    local n = #reply
+    reply[n + 1] = ids[k]
+    reply[n + 2] = flat[i + 2 * k - 1]
+    reply[n + 3] = envelopes[k]
+  end
+end
+return reply
+"
+    ))
+});
 
 /// KEYS: due, tasks, the engine lease. ARGV: holder (empty: no check). Deletes the live keys (a
 /// snapshot of nothing) if the lease is the holder's.
@@ -164,30 +250,55 @@ impl Op {
 
 /// An error of the store's backend (Redis, or another [`TaskStore`](super::TaskStore)).
 #[derive(Debug)]
-pub struct StoreError(Box<dyn std::error::Error + Send + Sync>);
+pub struct StoreError {
+    source: Box<dyn std::error::Error + Send + Sync>,
+    cursor_lost: bool,
+}
 
 impl StoreError {
     /// Wraps a backend's error.
     pub fn new(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
-        StoreError(e.into())
+        StoreError {
+            source: e.into(),
+            cursor_lost: false,
+        }
+    }
+
+    /// The error a [`TaskStore::rows`](super::TaskStore::rows) returns for a cursor it can no
+    /// longer continue from (`why`: its server restarted or failed over, say): the caller
+    /// starts the scan again from [`Cursor::start`](super::Cursor::start).
+    pub fn cursor_lost(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError {
+            source: why.into(),
+            cursor_lost: true,
+        }
+    }
+
+    /// Whether this is a [`cursor_lost`](Self::cursor_lost) error.
+    pub fn is_cursor_lost(&self) -> bool {
+        self.cursor_lost
     }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "store: {}", self.0)
+        if self.cursor_lost {
+            write!(f, "store: scan cursor lost: {}", self.source)
+        } else {
+            write!(f, "store: {}", self.source)
+        }
     }
 }
 
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
+        Some(&*self.source)
     }
 }
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
-        StoreError(Box::new(e))
+        StoreError::new(e)
     }
 }
 
@@ -240,11 +351,11 @@ pub struct Row {
     pub envelope: Option<Vec<u8>>,
 }
 
-/// One page of stored rows, and where to continue (0 = done).
+/// One page of stored rows, and where to continue (`None`: done).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Rows {
-    /// The cursor for the next page; 0 when the scan is complete.
-    pub next: u64,
+    /// The cursor for the next page; `None` when the scan is complete.
+    pub next: Option<Cursor>,
     /// The rows.
     pub rows: Vec<Row>,
     /// Entries of this page the store moved to its dead letters itself, because it cannot
@@ -254,20 +365,19 @@ pub struct Rows {
 }
 
 impl Rows {
-    /// A scan step's rows, with the envelopes read for its members.
-    /// Members that are not UTF-8 are returned apart, with their envelopes.
-    fn zip((next, flat): Scan, raws: Vec<Option<Vec<u8>>>) -> (Rows, Vec<Unreadable>) {
+    /// A page script's `member, score, envelope` triples as rows. Members that are not UTF-8
+    /// are returned apart, with their envelopes.
+    fn zip(next: Option<Cursor>, flat: Vec<Option<Vec<u8>>>) -> (Rows, Vec<Unreadable>) {
         let mut rows = Rows {
             next,
-            rows: Vec::with_capacity(raws.len()),
+            rows: Vec::with_capacity(flat.len() / 3),
             set_aside: 0,
         };
         let mut unreadable = Vec::new();
         let mut flat = flat.into_iter();
-        for envelope in raws {
-            let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
-                break;
-            };
+        while let (Some(Some(id)), Some(Some(due)), Some(envelope)) =
+            (flat.next(), flat.next(), flat.next())
+        {
             // A score is ASCII; lossy only for a reply that is not a score at all, which the
             // classification then refuses.
             let due = String::from_utf8_lossy(&due).into_owned();
@@ -319,11 +429,11 @@ impl Rows {
     }
 }
 
-/// One page of a scan: usable tasks, broken entries, and where to continue (0 = done).
+/// One page of a scan: usable tasks, broken entries, and where to continue (`None`: done).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Page {
-    /// The cursor for the next page; 0 when the scan is complete.
-    pub next: u64,
+    /// The cursor for the next page; `None` when the scan is complete.
+    pub next: Option<Cursor>,
     /// Tasks whose envelope and score are valid (the score is authoritative for `due_at`).
     pub tasks: Vec<Envelope>,
     /// Entries that are not.
@@ -349,6 +459,9 @@ pub struct RedisStore {
     /// The engine that took the writer lease through this store (and its clones): its removals
     /// and snapshot swaps are checked against the lease.
     holder: Arc<Mutex<Option<String>>>,
+    /// The `run_id` of the server that last answered a lease call that held the lease: a lease
+    /// held on another server is [`Lease::Retaken`].
+    server: Arc<Mutex<Option<String>>>,
 }
 
 /// Empties the read-ahead slot when dropped.
@@ -360,9 +473,9 @@ impl Drop for ClearOnDrop<'_> {
     }
 }
 
-/// A ZSCAN reply: the next cursor and `member, score, member, score, ...`, as bytes (a member
-/// need not be UTF-8).
-type Scan = (u64, Vec<Vec<u8>>);
+/// A PAGE reply: the server's `run_id`, then `member, score, envelope` per row, as bytes (a
+/// member need not be UTF-8; the envelope is `None` where the HASH has none).
+type Fetched = (String, Vec<Option<Vec<u8>>>);
 
 /// A ZSET member that is not UTF-8, so not a task id, and its envelope if any.
 struct Unreadable {
@@ -370,14 +483,46 @@ struct Unreadable {
     envelope: Option<Vec<u8>>,
 }
 
-/// A page being read ahead: its ZSCAN step (done), its envelopes (sent), and the ZSCAN step
-/// of the page after it (sent before those envelopes, so its short reply comes back first).
+/// A page being read ahead: the cursor it starts at, and its PAGE call, sent as soon as the
+/// page before it came back.
 struct Ahead {
-    cursor: u64,
+    cursor: Cursor,
     count: usize,
-    scan: Scan,
-    envelopes: tokio::task::JoinHandle<Result<Vec<Option<Vec<u8>>>, StoreError>>,
-    next_scan: Option<tokio::sync::oneshot::Receiver<Result<Scan, StoreError>>>,
+    page: tokio::task::JoinHandle<Result<Fetched, StoreError>>,
+}
+
+/// Where a Redis scan is: on which server (`run_id`), after which row (its score as Redis
+/// prints it, and its member). Encoded in a [`Cursor`] as `run_id \n score \n member`.
+struct Position {
+    run_id: String,
+    score: Vec<u8>,
+    member: Vec<u8>,
+}
+
+impl Position {
+    fn encode(&self) -> Cursor {
+        let mut bytes =
+            Vec::with_capacity(self.run_id.len() + self.score.len() + self.member.len() + 2);
+        bytes.extend_from_slice(self.run_id.as_bytes());
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&self.score);
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&self.member);
+        Cursor::new(bytes)
+    }
+
+    /// `None` for a cursor that this store did not make.
+    fn decode(cursor: &Cursor) -> Option<Position> {
+        let mut parts = cursor.as_bytes().splitn(3, |b| *b == b'\n');
+        let run_id = String::from_utf8(parts.next()?.to_vec()).ok()?;
+        let score = parts.next()?.to_vec();
+        let member = parts.next()?.to_vec();
+        Some(Position {
+            run_id,
+            score,
+            member,
+        })
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -423,6 +568,7 @@ impl RedisStore {
             conn,
             ahead: Arc::default(),
             holder: Arc::default(),
+            server: Arc::default(),
         }
     }
 
@@ -513,64 +659,132 @@ impl RedisStore {
                 .arg(&remove)
                 .ignore();
         }
-        pipe.query_async::<()>(&mut conn).await?;
-        Ok(())
+        match pipe.query_async::<()>(&mut conn).await {
+            Err(e) if super::link::wrong_type(&e) => {
+                let ids: Vec<&str> = ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::Upsert { id, .. } => Some(id.as_str()),
+                        Op::Remove(_) => None,
+                    })
+                    .collect();
+                Err(self.undo_half_applied(&ids, e).await)
+            }
+            reply => Ok(reply?),
+        }
     }
 
-    /// Reads one page of about `count` entries, starting at `cursor` (0 to begin), decoded
-    /// and sorted out: [`rows`](Self::rows) then [`Rows::classify`].
-    pub async fn page(&self, cursor: u64, count: usize) -> Result<Page, StoreError> {
+    /// A batch's MULTI met a key of the wrong type: Redis ran the other commands of it (a
+    /// transaction does not roll back), so the envelopes are in `{ns}:tasks` with no entry in
+    /// `{ns}:due` that a restore would read them by, or the other way round. Takes this
+    /// batch's writes `ids` back out of the key that took them, so the store is left as it
+    /// was, and returns the error, naming the key (the flusher keeps the batch in its journal
+    /// and writes it again once the key is fixed). Loud: an error log and
+    /// `delaywheel_store_wrong_type_total`.
+    async fn undo_half_applied(&self, ids: &[&str], e: redis::RedisError) -> StoreError {
+        let mut conn = self.conn.clone();
+        let mut undo = UNDO_HALF_APPLIED.prepare_invoke();
+        undo.key(self.keys.due()).key(self.keys.tasks());
+        for id in ids {
+            undo.arg(*id);
+        }
+        let types = match undo.invoke_async::<(String, String)>(&mut conn).await {
+            Ok(types) => types,
+            Err(undo_error) => {
+                tracing::error!(error = %undo_error, "a batch met a key of the wrong type, and taking its writes back failed");
+                return StoreError::new(e);
+            }
+        };
+        let (key, found, expected) = if !matches!(types.0.as_str(), "zset" | "none") {
+            (self.keys.due(), types.0, "zset")
+        } else {
+            (self.keys.tasks(), types.1, "hash")
+        };
+        metrics::counter!("delaywheel_store_wrong_type_total", "key" => key.to_owned())
+            .increment(1);
+        tracing::error!(%key, %found, expected, "a key of the namespace has the wrong type: the batch is not written (its writes were taken back) until the key is fixed");
+        StoreError::new(format!(
+            "key {key} holds a {found}, not a {expected}: the batch was not written ({e})"
+        ))
+    }
+
+    /// Reads one page of about `count` entries, starting at `cursor`
+    /// ([`Cursor::start`] to begin), decoded and sorted out: [`rows`](Self::rows) then
+    /// [`Rows::classify`].
+    pub async fn page(&self, cursor: Cursor, count: usize) -> Result<Page, StoreError> {
         Ok(self.rows(cursor, count).await?.classify())
     }
 
-    /// Reads one page of about `count` stored rows (0 is taken as 1, and more than
-    /// [`MAX_PAGE`] as that), starting at `cursor` (0 to begin), as stored. Never one giant reply: ZSCAN pages the ZSET and HMGET fetches that page's
-    /// envelopes. Within a tokio runtime the next page is read ahead (two pages in flight), for
-    /// the call that continues the scan at its cursor; a call at any other cursor drops it. A
-    /// scan may return an entry twice if the set changes meanwhile (callers dedupe by id).
+    /// Reads one page of `count` stored rows (0 is taken as 1, and more than [`MAX_PAGE`] as
+    /// that), starting at `cursor` ([`Cursor::start`] to begin), as stored, in the ZSET's
+    /// order (due time, then id bytes). Each page is one read-only script that reads the rows
+    /// and their envelopes together, so a page never mixes two servers' data.
+    ///
+    /// Pages are keyset pages: the cursor is the last row read (its due time and id), not a
+    /// position in Redis's hash table, so rows added or removed meanwhile shift nothing, and a
+    /// row is never skipped, however many share one due time. The cursor also names the
+    /// server (`run_id`) that answered: a page that comes from another server (Redis restarted
+    /// or failed over during the scan) fails with [`StoreError::cursor_lost`], and the caller
+    /// starts again from the start. Within a tokio runtime the next page is read ahead, for the
+    /// call that continues at its cursor; a call at any other cursor drops it. A row changed
+    /// while the scan runs (rescheduled past the cursor) may be returned twice (callers
+    /// dedupe by id).
     ///
     /// Not only a read: members that are not UTF-8 (only another client writes such) cannot be
     /// rows, and would fail every restore; they are moved to `{ns}:dead` here, under their own
     /// bytes, and counted in [`Rows::set_aside`].
-    pub async fn rows(&self, cursor: u64, count: usize) -> Result<Rows, StoreError> {
-        // Outside a tokio runtime nothing can be read ahead: one step, then its envelopes.
-        if tokio::runtime::Handle::try_current().is_err() {
-            let scan = self.scan(cursor, count).await?;
-            let ids: Vec<Vec<u8>> = scan.1.iter().step_by(2).cloned().collect();
-            let raws = self.envelopes(&ids).await?;
-            return self.set_aside(Rows::zip(scan, raws)).await;
-        }
+    pub async fn rows(&self, cursor: Cursor, count: usize) -> Result<Rows, StoreError> {
+        let count = count.clamp(1, MAX_PAGE);
+        let after = match cursor.is_start() {
+            true => None,
+            false => Some(Position::decode(&cursor).ok_or_else(|| {
+                StoreError::cursor_lost("the cursor was not made by a RedisStore")
+            })?),
+        };
         let ahead = self
             .ahead
             .lock()
             .take()
-            .filter(|a| (a.cursor, a.count) == (cursor, count));
+            .filter(|a| (&a.cursor, a.count) == (&cursor, count));
         // A call given up half way (its caller stopped scanning) leaves nothing read ahead.
         let abandoned = ClearOnDrop(&self.ahead);
-        let Ahead {
-            scan,
-            envelopes,
-            next_scan,
-            ..
-        } = match ahead {
-            Some(a) => a,
-            None => {
-                let scan = self.scan(cursor, count).await?;
-                self.read_ahead(cursor, scan, count)
-            }
+        let (run_id, flat) = match ahead {
+            Some(a) => a
+                .page
+                .await
+                .map_err(|e| StoreError::new(format!("reading a page: {e}")))??,
+            None => self.fetch(after.as_ref(), count).await?,
         };
-        // Two pages in flight: while this page's envelopes come back, Redis works on the next
-        // page's, sent as soon as its scan step is known (a restore's next call finds them).
-        if let Some(next) = next_scan {
-            if let Ok(Ok(next)) = next.await {
-                *self.ahead.lock() = Some(self.read_ahead(scan.0, next, count));
+        std::mem::forget(abandoned);
+        if let Some(after) = &after {
+            if after.run_id != run_id {
+                return Err(StoreError::cursor_lost(format!(
+                    "the Redis server changed during the scan (run_id {} became {run_id})",
+                    after.run_id
+                )));
             }
         }
-        let raws = envelopes
-            .await
-            .map_err(|e| StoreError::new(format!("reading envelopes: {e}")))??;
-        std::mem::forget(abandoned);
-        self.set_aside(Rows::zip(scan, raws)).await
+        let rows = flat.len() / 3;
+        let next = (rows >= count).then(|| Position {
+            run_id,
+            score: flat[flat.len() - 2].clone().unwrap_or_default(),
+            member: flat[flat.len() - 3].clone().unwrap_or_default(),
+        });
+        let next = next.map(|position| {
+            let cursor = position.encode();
+            // The next page, sent now: Redis reads it while this one is decoded and loaded.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                let this = self.clone();
+                let page = tokio::spawn(async move { this.fetch(Some(&position), count).await });
+                *self.ahead.lock() = Some(Ahead {
+                    cursor: cursor.clone(),
+                    count,
+                    page,
+                });
+            }
+            cursor
+        });
+        self.set_aside(Rows::zip(next, flat)).await
     }
 
     /// Moves members that are not UTF-8 to the dead-letter hash (under the same bytes), as
@@ -597,74 +811,43 @@ impl RedisStore {
         Ok(rows)
     }
 
-    /// Sends, from one task and in this order, the ZSCAN step after `scan` (unless the scan is
-    /// over) and the HMGET of `scan`'s envelopes, for the page at `cursor`.
-    fn read_ahead(&self, cursor: u64, scan: Scan, count: usize) -> Ahead {
-        let this = self.clone();
-        let ids: Vec<Vec<u8>> = scan.1.iter().step_by(2).cloned().collect();
-        let (tx, next_scan) = match scan.0 {
-            0 => (None, None),
-            _ => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                (Some(tx), Some(rx))
-            }
-        };
-        let next = scan.0;
-        let envelopes = tokio::spawn(async move {
-            let step = async {
-                if let Some(tx) = tx {
-                    let _ = tx.send(this.scan(next, count).await);
-                }
-            };
-            // `join!` polls the step first: its request goes out first.
-            tokio::join!(step, this.envelopes(&ids)).1
-        });
-        Ahead {
-            cursor,
-            count,
-            scan,
-            envelopes,
-            next_scan,
-        }
-    }
-
-    /// The envelopes of tasks `ids` (`None` where the HASH has none).
-    async fn envelopes(&self, ids: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.read(redis::cmd("HMGET").arg(self.keys.tasks()).arg(ids))
-            .await
-    }
-
-    /// One ZSCAN step of the due ZSET, of about `count` entries (at least 1, at most
-    /// [`MAX_PAGE`]).
-    async fn scan(&self, cursor: u64, count: usize) -> Result<Scan, StoreError> {
-        self.read(
-            redis::cmd("ZSCAN")
-                .arg(self.keys.due())
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(count.clamp(1, MAX_PAGE)),
-        )
-        .await
-    }
-
-    /// Sends a read, and sends it again (up to [`READ_TRIES`] in all, a little apart) while
-    /// it fails with an error a retry can get past: a dropped connection, a timeout, a cluster
-    /// refusing it while it reconfigures. A read can run twice without harm, and one failed
-    /// step must not end a restore of a million rows.
-    async fn read<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+    /// One PAGE call: up to `count` rows after `after` (from the start if `None`), and the
+    /// `run_id` of the server that read them. Sent again (up to [`READ_TRIES`] in all, a
+    /// little apart) while it fails with an error a retry can get past: a dropped connection,
+    /// a timeout, a cluster refusing it while it reconfigures. A read can run twice without
+    /// harm, and one failed page must not end a restore of a million rows.
+    async fn fetch(&self, after: Option<&Position>, count: usize) -> Result<Fetched, StoreError> {
         let mut tries = 1;
         loop {
+            let mut script = PAGE.prepare_invoke();
+            script
+                .key(self.keys.due())
+                .key(self.keys.tasks())
+                .arg(count);
+            if let Some(after) = after {
+                script
+                    .arg(after.score.as_slice())
+                    .arg(after.member.as_slice());
+            }
             let mut conn = self.conn.clone();
-            match cmd.query_async(&mut conn).await {
+            match script.invoke_async::<Vec<Option<Vec<u8>>>>(&mut conn).await {
                 Err(e) if tries < READ_TRIES && super::link::passing(&e) => {
-                    tracing::debug!(error = %e, "a read failed; sending it again");
+                    tracing::debug!(error = %e, "a page read failed; sending it again");
                     tokio::time::sleep(Duration::from_millis(50) * tries).await;
                     tries += 1;
                 }
-                reply => return Ok(reply?),
+                Err(e) => return Err(e.into()),
+                Ok(mut flat) => {
+                    if flat.is_empty() || flat.len() % 3 != 1 {
+                        return Err(StoreError::new(format!(
+                            "unexpected page reply of {} elements",
+                            flat.len()
+                        )));
+                    }
+                    let run_id =
+                        String::from_utf8_lossy(&flat.remove(0).unwrap_or_default()).into_owned();
+                    return Ok((run_id, flat));
+                }
             }
         }
     }
@@ -749,11 +932,24 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await?;
         match reply.as_slice() {
-            [state] if state == "held" => {
+            [state, run_id] if state == "held" || state == "reset" => {
                 *self.holder.lock() = Some(holder.to_owned());
-                Ok(Lease::Held)
+                let before = self.server.lock().replace(run_id.clone());
+                if state == "reset" {
+                    return Ok(Lease::Retaken(
+                        "the lease's record of takes is gone: Redis lost the namespace's data"
+                            .into(),
+                    ));
+                }
+                match before {
+                    Some(before) if before != *run_id => Ok(Lease::Retaken(format!(
+                        "the Redis server changed (run_id {before} became {run_id}): a restart \
+                         or a failover, which may have lost writes"
+                    ))),
+                    _ => Ok(Lease::Held),
+                }
             }
-            [state, other] if state == "other" => Ok(Lease::Other(other.clone())),
+            [state, other, _] if state == "other" => Ok(Lease::Other(other.clone())),
             _ => Err(StoreError::new(format!("unexpected lease reply {reply:?}"))),
         }
     }
@@ -907,7 +1103,7 @@ impl TaskStore for RedisStore {
 
     fn rows(
         &self,
-        cursor: u64,
+        cursor: Cursor,
         count: usize,
     ) -> impl Future<Output = Result<Rows, StoreError>> + Send {
         RedisStore::rows(self, cursor, count)

@@ -14,6 +14,35 @@ use futures_util::FutureExt;
 use super::layout::NamespaceInUse;
 use super::store::{Broken, Op, Rows, StoreError};
 
+/// Where a paged read of a store ([`TaskStore::rows`]) goes on: opaque bytes that only the
+/// store that made them reads (a position in its order, and whatever it needs to tell that the
+/// position still means the same thing: [`RedisStore`](super::RedisStore) keeps the server's
+/// `run_id`, the due time and the id of the last row read). Empty bytes are the start.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Cursor(Vec<u8>);
+
+impl Cursor {
+    /// The start of a scan.
+    pub const fn start() -> Cursor {
+        Cursor(Vec::new())
+    }
+
+    /// A store's position, as it encodes it (empty bytes are the start).
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Cursor {
+        Cursor(bytes.into())
+    }
+
+    /// Whether this is the start of a scan.
+    pub fn is_start(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The position's bytes, for the store that made them.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// Where a [`Persistent`](super::Persistent) engine keeps its pending tasks.
 ///
 /// [`RedisStore`](super::RedisStore) is the implementation this crate ships.
@@ -23,15 +52,21 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// retries a batch whose reply was lost).
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Reads one page of about `count` stored rows, as stored, starting at `cursor` (0 to
-    /// begin; the returned [`Rows::next`] is 0 when done). An entry the store cannot hand out
-    /// as a row (for Redis, a member that is not UTF-8) it moves to its dead letters itself,
-    /// and counts in [`Rows::set_aside`]. A page may repeat a row the scan
-    /// already returned. The engine decodes them ([`Rows::classify`]), off the store's
+    /// Reads one page of about `count` stored rows, as stored, starting at `cursor`
+    /// ([`Cursor::start`] to begin; the returned [`Rows::next`] is `None` when done). An entry
+    /// the store cannot hand out as a row (for Redis, a member that is not UTF-8) it moves to
+    /// its dead letters itself, and counts in [`Rows::set_aside`]. A page may repeat a row the
+    /// scan already returned. The engine decodes them ([`Rows::classify`]), off the store's
     /// connection, so reading the next page overlaps decoding this one.
+    ///
+    /// A cursor must never skip a row silently. When the store can no longer continue from
+    /// `cursor` (its server restarted, failed over or reconnected to a store whose positions
+    /// mean something else), it returns [`StoreError::cursor_lost`]: the engine then reads the
+    /// set again from the start, keeping what it loaded, and a restore that cannot finish a
+    /// scan fails rather than return `Ok` with rows missing.
     fn rows(
         &self,
-        cursor: u64,
+        cursor: Cursor,
         count: usize,
     ) -> impl Future<Output = Result<Rows, StoreError>> + Send;
 
@@ -64,7 +99,10 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)). When the
     /// lease is free, it is taken if `first` (this engine never held it) or if this engine was
     /// the last to take it; otherwise another engine held it meanwhile, and may have
-    /// written: the answer is [`Lease::Other`] naming it. Renewing must not need memory the
+    /// written: the answer is [`Lease::Other`] naming it. A store that lost its data since
+    /// the caller last held the lease (its record of who took it last is gone, or its server
+    /// changed) must not answer `Other` for that: it gives the lease to the caller and answers
+    /// [`Lease::Retaken`]. Renewing must not need memory the
     /// store may lack (a Redis at `maxmemory`). Once an engine holds the lease, the store
     /// should refuse its destructive writes if another takes it. The default holds no lease:
     /// every engine may write.
@@ -91,6 +129,13 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
 pub enum Lease {
     /// The caller holds the lease.
     Held,
+    /// The caller holds the lease again, but the store has lost data since it last held it
+    /// (the reason is given): a Redis that restarted with no persistence or from older data,
+    /// a failover to a replica that lagged, a flush of the namespace. What the caller wrote
+    /// before may be gone, so the engine writes its whole pending set back. A store returns
+    /// this when it can tell (a new server identity, or the lease's own record of takes gone);
+    /// never to a caller that never held the lease.
+    Retaken(String),
     /// Another engine, named, holds it, or took it since the caller last did.
     Other(String),
 }
