@@ -1044,8 +1044,13 @@ impl<S: TaskStore> Persistent<S> {
     /// through the ZSET and HASH `page_size` entries at a time, and dead-letters broken entries
     /// with their reason (an entry whose envelope names another id included). Ids already in
     /// memory are kept as they are, and ids cancelled or acknowledged since are not loaded
-    /// again. A snapshot asked for meanwhile waits until the restore is done. An error if the
-    /// store fails, or its scan stops before the last page; [`PersistError::Stopped`] after
+    /// again. A snapshot asked for meanwhile waits until the restore is done. A store that can
+    /// no longer continue its scan ([`StoreError::is_cursor_lost`]: for Redis, a restart or a
+    /// failover during the restore) has it start again from the start, keeping what was
+    /// loaded, up to 8 times ([`RestoreReport::rescans`]). An error if the store fails, the
+    /// scan stops before the last page, or it lost its cursor more than that: never `Ok` with
+    /// rows skipped, and then no snapshot runs until a restore completes;
+    /// [`PersistError::Stopped`] after
     /// [`shutdown`](Self::shutdown), or when one begins meanwhile (it waits for the restore to
     /// stop at its next page). A `page_size` of 0 is taken as 1, and one above
     /// [`MAX_PAGE`](super::MAX_PAGE) as that.
