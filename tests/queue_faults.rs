@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use delaywheel::redis::{now_ms, Consumer, Handlers, PersistConfig, Persistent, When};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use parking_lot::Mutex;
 use queue_kit::*;
 
@@ -281,4 +282,61 @@ fn a_restored_envelope_without_attempt_or_created_at_takes_their_defaults() {
     assert_eq!((task.attempt, task.created_at, task.due_at), (0, due, due));
     engine.ack(&task);
     engine.shutdown();
+}
+
+/// A `{ns}:dead` key of the wrong type, with an id whose envelope never came (its grace
+/// period long over), stops no claim: the good tasks are all claimed and fire, the claim
+/// reports the key (an error log and `delaywheel_queue_wrong_type_total`), and the id stays
+/// queued. (The claim's dead-lettering failed the whole script: 0 of 50 tasks handled.)
+/// The only test of this binary that reads the metrics recorder, which is process-global.
+#[test]
+fn a_wrong_typed_dead_key_beside_an_id_with_no_envelope_blocks_no_claim() {
+    let metrics = DebuggingRecorder::new();
+    let snapshotter = metrics.snapshotter();
+    metrics.install().expect("the only recorder of this binary");
+    let Fixture { server, rt, cfg, p } = fixture("wrongdead", |_| {});
+    let mut conn = admin(&server);
+    redis::pipe()
+        .set("{wrongdead}:dead", "not a hash")
+        // First in every claim (the lowest score), seen without an envelope long ago.
+        .zadd("{wrongdead}:due", "bare", 0)
+        .hset("{wrongdead}:unpaired", "bare", 0)
+        .query::<()>(&mut conn)
+        .unwrap();
+    let n = 50;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..n).map(|i| (format!("t{i}"), now_ms())).collect(),
+    );
+    let fired: Fired = Arc::default();
+    let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();
+    wait_until("all 50 tasks to fire", || fired.lock().len() == n);
+    wait_until("their acks", || c.stats().acked == n as u64);
+    let mut reported = 0;
+    wait_until("the wrong-typed key reported", || {
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let named = key
+                .key()
+                .labels()
+                .any(|l| l.key() == "key" && l.value() == "{wrongdead}:dead");
+            if key.key().name() == "delaywheel_queue_wrong_type_total" && named {
+                if let DebugValue::Counter(n) = value {
+                    reported += n;
+                }
+            }
+        }
+        reported > 0
+    });
+    // The entry stays where it was, and so does the key.
+    let (score, kind): (Option<f64>, String) = redis::pipe()
+        .zscore("{wrongdead}:due", "bare")
+        .cmd("TYPE")
+        .arg("{wrongdead}:dead")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!((score, kind.as_str()), (Some(0.0), "string"));
+    assert_eq!(c.stats().dead_lettered, 0);
+    c.shutdown(Duration::from_secs(5)).unwrap();
 }

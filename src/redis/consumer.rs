@@ -1072,10 +1072,13 @@ async fn claim(
         return Ok(Some(Took { n: 0, asked }));
     };
     let owner: Arc<str> = format!("{}|{}", shared.id, String::from_utf8_lossy(token)).into();
-    let waiting = rest.chunks_exact(3).filter(|t| t[1] == b"wait").count();
+    let marked = |mark: &[u8]| rest.chunks_exact(3).filter(|t| t[1] == mark).count();
+    let (waiting, refused) = (marked(b"wait"), marked(b"wrongtype"));
     // What the claim changed in Redis (a task leased or dead-lettered, an id first seen with
-    // no envelope), for whether it was full.
-    let n = rest.len() / 3;
+    // no envelope), for whether it was full. An id left queued on a wrong-typed key changed
+    // nothing, and is read again by the next claim: counted, it would make claims back to
+    // back.
+    let n = rest.len() / 3 - refused;
     metrics::histogram!("delaywheel_queue_claim_batch").record((n - waiting) as f64);
     shared
         .counters
@@ -1092,6 +1095,10 @@ async fn claim(
         if t[1] == b"wait" {
             // Queued with no envelope, maybe half written: left queued for its grace period.
             tracing::debug!(%id, "queued task has no envelope yet; left queued for unpaired_grace");
+            continue;
+        }
+        if t[1] == b"wrongtype" {
+            wrong_type(shard, &String::from_utf8_lossy(&t[2]), Some(&id));
             continue;
         }
         if std::str::from_utf8(&t[0]).is_err() {
@@ -1286,12 +1293,15 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
             .arg(shared.cfg.wake_suffix(shard));
         // Full batches are followed by another at once (a crashed consumer may have held
         // 100k tasks), a bounded number per round so that one round does not run forever.
-        let (mut n, mut dead) = (0, 0);
+        let (mut n, mut dead, mut bad) = (0, 0, String::new());
         for _ in 0..REAP_CALLS_PER_ROUND {
-            match shared.conn.run::<(u64, u64)>(&inv).await {
-                Ok((requeued, died)) => {
+            match shared.conn.run::<(u64, u64, String)>(&inv).await {
+                Ok((requeued, died, refused_by)) => {
                     n += requeued;
                     dead += died;
+                    if !refused_by.is_empty() {
+                        bad = refused_by;
+                    }
                     if requeued + died < REAP_BATCH {
                         break;
                     }
@@ -1315,6 +1325,10 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
                 "tasks whose lease ran out too often were dead-lettered"
             );
             shared.counters.dead_lettered.fetch_add(dead, Relaxed);
+        }
+        if !bad.is_empty() {
+            // Tasks out of lease expiries stay leased until the dead-letter key is fixed.
+            wrong_type(shard, &bad, None);
         }
         sweep_step(&shared, shard, &mut sweep).await;
         let fired = shared.counters.fired.load(Relaxed);

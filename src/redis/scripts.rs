@@ -96,8 +96,10 @@ return n
 /// between would be dead-lettered with it. It may be half written (queued first, its envelope
 /// on the way), so it stays queued until `grace` ms have passed since a claim first saw it so
 /// (kept in `unpaired`), then goes to the dead-letter HASH. It comes back as `id, "wait", ""`
-/// the first time it is seen, and `id, "dead", ""` when dead-lettered. Ids seen before and
-/// still in their grace period are not answered, and do not take a task's place: the claim reads as many
+/// the first time it is seen, `id, "dead", ""` when dead-lettered, `id, "wrongtype", key`
+/// when `key` (the dead-letter HASH, or `unpaired`) has the wrong type: the id then stays
+/// queued, and the other tasks are claimed all the same. Ids seen before and still in their
+/// grace period are not answered, and do not take a task's place: the claim reads as many
 /// more ids as `unpaired` holds, up to `batch` more. A claim's reply holds at most `batch`
 /// leased tasks.
 ///
@@ -129,8 +131,13 @@ if redis.call('LINDEX', KEYS[7], 0) == ARGV[5] then
 end
 local limit, grace = tonumber(ARGV[2]), tonumber(ARGV[6])
 -- How many ids wait for their envelope: as many more are read, so that they take no task's
--- place.
-local known = redis.call('HLEN', KEYS[9])
+-- place. A wrong-typed `unpaired` is reported with each id that needs it.
+local known = redis.pcall('HLEN', KEYS[9])
+local tracked = type(known) == 'number'
+if not tracked then
+  if not string.find(known.err, 'WRONGTYPE', 1, true) then return known end
+  known = 0
+end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, limit + math.min(known, limit))
 if #ids == 0 then return {{}} end
 local token = redis.call('INCR', KEYS[5])
@@ -155,6 +162,10 @@ for i = 1, #ids, 2 do
     kept[#kept + 1] = ids[i + 1]
     last = math.max(last, due)
     leased = leased + 1
+  elseif not tracked then
+    out[#out + 1] = id
+    out[#out + 1] = 'wrongtype'
+    out[#out + 1] = KEYS[9]
   else
     local seen = tonumber(redis.call('HGET', KEYS[9], id))
     -- A time ahead of Redis's clock (it stepped back) counts from now.
@@ -165,15 +176,23 @@ for i = 1, #ids, 2 do
       out[#out + 1] = 'wait'
       out[#out + 1] = ''
     elseif now - (seen or now) >= grace then
-      redis.call('HSET', KEYS[6], id, cjson.encode({{
+      -- The dead letter first: a key of the wrong type refuses it, and the id stays queued.
+      local written = redis.pcall('HSET', KEYS[6], id, cjson.encode({{
         reason = 'no envelope in the tasks hash', raw = '', at = now, attempt = 0}}))
-      redis.call('ZREM', KEYS[1], id)
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[8], id)
-      redis.call('HDEL', KEYS[9], id)
-      out[#out + 1] = id
-      out[#out + 1] = 'dead'
-      out[#out + 1] = ''
+      if type(written) == 'table' and written.err then
+        if not string.find(written.err, 'WRONGTYPE', 1, true) then return written end
+        out[#out + 1] = id
+        out[#out + 1] = 'wrongtype'
+        out[#out + 1] = KEYS[6]
+      else
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('HDEL', KEYS[2], id)
+        redis.call('HDEL', KEYS[8], id)
+        redis.call('HDEL', KEYS[9], id)
+        out[#out + 1] = id
+        out[#out + 1] = 'dead'
+        out[#out + 1] = ''
+      end
     end
   end
 end
@@ -312,12 +331,14 @@ return n
 /// to the queue at their due time (Redis's now, if that is earlier or unknown), and wakes the consumers; counts each task's expiries, and moves a
 /// task whose lease has now expired `max` times to the dead-letter HASH instead (a task that
 /// takes its consumer down each time is not delivered forever), with a record as the
-/// consumer writes one. Returns `{requeued, dead-lettered}`.
+/// consumer writes one. Returns `{requeued, dead-lettered, bad key}`: the bad key is the
+/// dead-letter HASH when it has the wrong type (the tasks it refused stay leased, and are tried
+/// again by the next call), else `''`.
 pub(crate) static REAP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {REDIS_NOW}local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local max, requeued, dead = tonumber(ARGV[3]), 0, 0
+local max, requeued, dead, bad = tonumber(ARGV[3]), 0, 0, ''
 -- A script that fails part way keeps what it wrote: for each id, whatever can fail (a count or
 -- a record that does not encode) comes before the first delete, and the task's new place is
 -- written before its old one is cleared. An error then leaves the task leased, whole.
@@ -339,12 +360,19 @@ for _, id in ipairs(ids) do
     if not encoded then
       record = cjson.encode({{reason = reason, raw = '', at = now, attempt = n}})
     end
-    redis.call('HSET', KEYS[5], id, record)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[6], id)
-    dead = dead + 1
+    -- A dead-letter key of the wrong type refuses the record: the task stays leased, tried
+    -- again next round, and the key is named in the reply; the other tasks go on.
+    local written = redis.pcall('HSET', KEYS[5], id, record)
+    if type(written) == 'table' and written.err then
+      if not string.find(written.err, 'WRONGTYPE', 1, true) then return written end
+      bad = KEYS[5]
+    else
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[4], id)
+      redis.call('HDEL', KEYS[6], id)
+      dead = dead + 1
+    end
   else
     -- Back at its own due time (the producers' clock, as every score in the queue), read from
     -- the end of the envelope, where `due_at` is the last field: at Redis's `now` it would wait
@@ -363,7 +391,7 @@ for _, id in ipairs(ids) do
   end
 end
 if requeued > 0 then redis.pcall('PUBLISH', ARGV[2], tostring(now) .. ARGV[4]) end
-return {{requeued, dead}}
+return {{requeued, dead, bad}}
 ",
     ))
 });
@@ -483,6 +511,13 @@ mod tests {
 
     /// Runs REAP on `k` with `max` lease expiries: (requeued, dead-lettered).
     fn reap(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64) {
+        let (requeued, dead, bad) = reap_reply(conn, k, max);
+        assert_eq!(bad, "", "a key named as of the wrong type");
+        (requeued, dead)
+    }
+
+    /// Runs REAP on `k` with `max` lease expiries: its whole reply.
+    fn reap_reply(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64, String) {
         REAP.key(k.lease())
             .key(k.owner())
             .key(k.due())
@@ -807,7 +842,10 @@ mod tests {
     }
 
     /// An id with no envelope is left queued for its grace period, counted from the first
-    /// claim that saw it so, and takes no task's place meanwhile; then it is dead-lettered.
+    /// claim that saw it so, and takes no task's place meanwhile; then it is dead-lettered,
+    /// unless the dead-letter key has the wrong type: then it stays queued, the claim names
+    /// the key, and the good tasks are claimed all the same. So does a wrong-typed
+    /// `unpaired`.
     #[test]
     fn a_claim_waits_out_the_grace_period_of_an_id_with_no_envelope() {
         let (_server, mut conn) = redis();
@@ -870,6 +908,39 @@ mod tests {
         assert_eq!(
             dead_record(&mut conn, &k, "half")["reason"],
             "no envelope in the tasks hash"
+        );
+
+        // A dead-letter key of the wrong type: named, the id kept, the good task claimed.
+        redis::pipe()
+            .del(k.dead())
+            .set(k.dead(), "not a hash")
+            .zadd(k.due(), "half2", 0)
+            .hset(&unpaired, "half2", 0)
+            .zadd(k.due(), "c", 1)
+            .hset(k.tasks(), "c", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let reply = claim(&mut conn, "4");
+        assert_eq!(reply[1..], ["half2", "wrongtype", k.dead(), "c", "1", "{}"]);
+        let (score, noted): (Option<f64>, bool) = redis::pipe()
+            .zscore(k.due(), "half2")
+            .hexists(&unpaired, "half2")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!((score, noted), (Some(0.0), true));
+
+        // An `unpaired` of the wrong type: likewise.
+        redis::pipe()
+            .del(&unpaired)
+            .set(&unpaired, "not a hash")
+            .zadd(k.due(), "d", 1)
+            .hset(k.tasks(), "d", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let reply = claim(&mut conn, "5");
+        assert_eq!(
+            reply[1..],
+            ["half2", "wrongtype", unpaired.as_str(), "d", "1", "{}"]
         );
     }
 
@@ -1109,6 +1180,43 @@ mod tests {
             assert_eq!(claim(&mut conn, &k, 0).len(), 1);
             assert_eq!(reap(&mut conn, &k, 0), (1, 0));
         }
+    }
+
+    /// A dead-letter key of the wrong type stops no reaping: a task out of lease expiries
+    /// stays leased, the key is named, and the other expired leases go back to the queue.
+    /// (The failed HSET failed the script at that task, the first by score in every round
+    /// after: no lease after it was returned any more.)
+    #[test]
+    fn a_wrong_typed_dead_key_stops_no_reaping() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("reapwrong").unwrap();
+        redis::pipe()
+            .zadd(k.lease(), "poison", 0)
+            .hset(k.owner(), "poison", "c|1")
+            .hset(k.tasks(), "poison", "{}")
+            .hset(k.expired(), "poison", 1)
+            .zadd(k.lease(), "fine", 1)
+            .hset(k.owner(), "fine", "c|1")
+            .hset(k.tasks(), "fine", "{}")
+            .set(k.dead(), "not a hash")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(reap_reply(&mut conn, &k, 2), (1, 0, k.dead().to_string()));
+        let (leased, queued): (Vec<String>, Vec<String>) = redis::pipe()
+            .zrange(k.lease(), 0, -1)
+            .zrange(k.due(), 0, -1)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(
+            (leased, queued),
+            (vec!["poison".into()], vec!["fine".into()])
+        );
+        // Once the key is fixed, the next round dead-letters it.
+        redis::cmd("DEL")
+            .arg(k.dead())
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(reap(&mut conn, &k, 2), (0, 1));
     }
 
     /// Redis's clock, in ms.
