@@ -34,7 +34,7 @@ use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::KeyLayout;
 use super::persistent::now_ms;
-use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
+use super::queue::{dead_record, sample_depth, unpaired_key, Conn, QueueConfig, QueueError};
 use super::scripts;
 use super::store::StoreError;
 use super::wall_clock::{micros_since, since_epoch};
@@ -1058,11 +1058,13 @@ async fn claim(
         .key(keys.dead())
         .key(keys.batch(&shared.batch_name))
         .key(keys.expired())
+        .key(unpaired_key(keys))
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(room.n)
         .arg(shared.id.as_str())
         .arg(cfg.lease.as_millis() as u64)
-        .arg(nonce);
+        .arg(nonce)
+        .arg(cfg.unpaired_grace.as_millis() as u64);
     let reply: Vec<Vec<u8>> = shared.conn.run(&inv).await?;
     shared.counters.claims.fetch_add(1, Relaxed);
     let Some((token, rest)) = reply.split_first() else {
@@ -1070,15 +1072,33 @@ async fn claim(
         return Ok(Some(Took { n: 0, asked }));
     };
     let owner: Arc<str> = format!("{}|{}", shared.id, String::from_utf8_lossy(token)).into();
-    let n = rest.len() / 3;
-    metrics::histogram!("delaywheel_queue_claim_batch").record(n as f64);
-    shared.counters.claimed.fetch_add(n as u64, Relaxed);
+    let marked = |mark: &[u8]| rest.chunks_exact(3).filter(|t| t[1] == mark).count();
+    let (waiting, refused) = (marked(b"wait"), marked(b"wrongtype"));
+    // What the claim changed in Redis (a task leased or dead-lettered, an id first seen with
+    // no envelope), for whether it was full. An id left queued on a wrong-typed key changed
+    // nothing, and is read again by the next claim: counted, it would make claims back to
+    // back.
+    let n = rest.len() / 3 - refused;
+    metrics::histogram!("delaywheel_queue_claim_batch").record((n - waiting) as f64);
+    shared
+        .counters
+        .claimed
+        .fetch_add((n - waiting) as u64, Relaxed);
     for t in rest.chunks_exact(3) {
         let id = String::from_utf8_lossy(&t[0]).into_owned();
         if t[1] == b"dead" {
             // No envelope: the claim dead-lettered it, and leased nothing.
             tracing::warn!(%id, reason = "no envelope in the tasks hash", "claimed task dead-lettered");
             shared.counters.dead_lettered.fetch_add(1, Relaxed);
+            continue;
+        }
+        if t[1] == b"wait" {
+            // Queued with no envelope, maybe half written: left queued for its grace period.
+            tracing::debug!(%id, "queued task has no envelope yet; left queued for unpaired_grace");
+            continue;
+        }
+        if t[1] == b"wrongtype" {
+            wrong_type(shard, &String::from_utf8_lossy(&t[2]), Some(&id));
             continue;
         }
         if std::str::from_utf8(&t[0]).is_err() {
@@ -1146,6 +1166,20 @@ async fn claim(
         }
     }
     Ok(Some(Took { n, asked }))
+}
+
+/// Reports a key of the wrong type (another client wrote it) that keeps an entry (`id`, if
+/// one) where it is: an error naming the key, and `delaywheel_queue_wrong_type_total` with
+/// the key as its `key` label. The key is left as it is, for an operator to look at; the
+/// other tasks go on.
+fn wrong_type(shard: u32, key: &str, id: Option<&str>) {
+    tracing::error!(
+        shard,
+        key,
+        id,
+        "a queue key has the wrong type: what needs it is left as it is until the key is fixed"
+    );
+    metrics::counter!("delaywheel_queue_wrong_type_total", "key" => key.to_owned()).increment(1);
 }
 
 /// Subscribes to the queue's wake-ups and forwards each due time to the claim loop;
@@ -1226,10 +1260,13 @@ fn wake_loops(shared: &Shared, text: &str) {
     }
 }
 
-/// Returns expired leases of the `i`-th assigned shard to the queue and samples its depth, every
+/// Returns expired leases of the `i`-th assigned shard to the queue, takes a step of the sweep
+/// for envelopes with no queue entry (see `scripts::SWEEP`), and samples its depth, every
 /// `reaper_interval`.
 async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usize) {
     let shard = shared.claim_from[i];
+    // Where the sweep goes on in `tasks` and in `unpaired` (HSCAN cursors).
+    let mut sweep = (String::from("0"), String::from("0"));
     // The shards' reapers start spread over one interval, so they do not run in step.
     let offset = shared.cfg.reaper_interval.mul_f64(fastrand::f64());
     let mut tick = tokio::time::interval_at(
@@ -1256,12 +1293,15 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
             .arg(shared.cfg.wake_suffix(shard));
         // Full batches are followed by another at once (a crashed consumer may have held
         // 100k tasks), a bounded number per round so that one round does not run forever.
-        let (mut n, mut dead) = (0, 0);
+        let (mut n, mut dead, mut bad) = (0, 0, String::new());
         for _ in 0..REAP_CALLS_PER_ROUND {
-            match shared.conn.run::<(u64, u64)>(&inv).await {
-                Ok((requeued, died)) => {
+            match shared.conn.run::<(u64, u64, String)>(&inv).await {
+                Ok((requeued, died, refused_by)) => {
                     n += requeued;
                     dead += died;
+                    if !refused_by.is_empty() {
+                        bad = refused_by;
+                    }
                     if requeued + died < REAP_BATCH {
                         break;
                     }
@@ -1286,6 +1326,11 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
             );
             shared.counters.dead_lettered.fetch_add(dead, Relaxed);
         }
+        if !bad.is_empty() {
+            // Tasks out of lease expiries stay leased until the dead-letter key is fixed.
+            wrong_type(shard, &bad, None);
+        }
+        sweep_step(&shared, shard, &mut sweep).await;
         let fired = shared.counters.fired.load(Relaxed);
         if fired > 0 {
             metrics::gauge!("delaywheel_queue_commands_per_fired_task")
@@ -1301,6 +1346,45 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
         }
     }
 }
+
+/// One step of the sweep of `shard` for envelopes with no queue entry, from the cursors in
+/// `sweep`, which it moves on. A failure is only logged: the next round tries again.
+async fn sweep_step(shared: &Shared, shard: u32, sweep: &mut (String, String)) {
+    let keys = &shared.shards[shard as usize];
+    let unpaired = unpaired_key(keys);
+    let mut inv = scripts::SWEEP.prepare_invoke();
+    inv.key(keys.tasks())
+        .key(keys.due())
+        .key(keys.lease())
+        .key(keys.dead())
+        .key(&unpaired)
+        .key(keys.expired())
+        .arg(&sweep.0)
+        .arg(&sweep.1)
+        .arg(SWEEP_COUNT)
+        .arg(shared.cfg.unpaired_grace.as_millis() as u64);
+    match shared.conn.run::<(String, String, u64, String)>(&inv).await {
+        Ok((tasks, noted, removed, bad)) => {
+            *sweep = (tasks, noted);
+            if removed > 0 {
+                tracing::warn!(
+                    shard,
+                    removed,
+                    "envelopes with no queue entry past unpaired_grace removed"
+                );
+                metrics::counter!("delaywheel_queue_unpaired_removed_total").increment(removed);
+            }
+            if !bad.is_empty() {
+                wrong_type(shard, &bad, None);
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "sweep: redis unavailable"),
+    }
+}
+
+/// Envelopes a sweep step looks at, about (an HSCAN `COUNT`, a hint): each comes with its
+/// envelope, so a step copies at most this many envelopes in Redis.
+const SWEEP_COUNT: u64 = 100;
 
 /// Writes the outcomes of fired tasks: acks in batches every `ack_interval` (or 256 at
 /// once), retries and dead-letterings as they come, and renews leases every `lease / 3`. On a

@@ -17,7 +17,14 @@ pub const MAX_PAYLOAD_DEPTH: usize = 126;
 
 /// One persisted task. Times are milliseconds since the Unix epoch (wall clock: they must mean
 /// the same thing after a restart).
+///
+/// Stored as a JSON object. Another client writing envelopes (a producer in another language)
+/// must give `id`, `topic`, `payload` (`null` is a value) and `due_at`; `attempt` may be left
+/// out (0, a task not yet tried) and so may `created_at` (or `null`: the due time stands in).
+/// Fields that are not the envelope's are ignored. [`encode`](Self::encode) always writes all
+/// six, `due_at` last.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "StoredEnvelope")]
 pub struct Envelope {
     /// Stable, user-chosen id; scheduling an id again replaces the task.
     pub id: String,
@@ -26,13 +33,41 @@ pub struct Envelope {
     pub topic: Cow<'static, str>,
     /// The user's data.
     pub payload: serde_json::Value,
-    /// Deliveries tried so far.
+    /// Deliveries tried so far (0 when the stored envelope has none).
     pub attempt: u32,
     /// When the task was first scheduled. `Persistent::schedule` stamps it from the kernel's
-    /// coarse real-time clock on Linux, which is about a kernel tick (1 to 10 ms) behind.
+    /// coarse real-time clock on Linux, which is about a kernel tick (1 to 10 ms) behind. A
+    /// stored envelope without it reads as created at its `due_at`.
     pub created_at: u64,
     /// When it is due.
     pub due_at: u64,
+}
+
+/// An envelope as stored, read with the defaults of the fields another client may leave out:
+/// `attempt` 0, `created_at` the due time.
+#[derive(Deserialize)]
+struct StoredEnvelope {
+    id: String,
+    topic: Cow<'static, str>,
+    payload: serde_json::Value,
+    #[serde(default)]
+    attempt: u32,
+    #[serde(default)]
+    created_at: Option<u64>,
+    due_at: u64,
+}
+
+impl From<StoredEnvelope> for Envelope {
+    fn from(e: StoredEnvelope) -> Envelope {
+        Envelope {
+            id: e.id,
+            topic: e.topic,
+            payload: e.payload,
+            attempt: e.attempt,
+            created_at: e.created_at.unwrap_or(e.due_at),
+            due_at: e.due_at,
+        }
+    }
 }
 
 /// Why an [`Envelope`] was refused. Each variant says which limit was broken.
@@ -156,7 +191,8 @@ impl Envelope {
         .fold(0, usize::saturating_add)
     }
 
-    /// Decodes an envelope written by [`encode`](Self::encode).
+    /// Decodes an envelope written by [`encode`](Self::encode), or by another client: see
+    /// [`Envelope`] for the fields it must have.
     pub fn decode(bytes: &[u8]) -> Result<Envelope, serde_json::Error> {
         serde_json::from_slice(bytes)
     }
@@ -409,6 +445,41 @@ mod tests {
                 Value::Object(mut fields) => fields.remove("k").unwrap_or(Value::Null),
                 _ => break,
             };
+        }
+    }
+
+    /// Another client may leave out `attempt` and `created_at` (or write `created_at` as
+    /// `null`): 0 and the due time stand in. The other four are required.
+    #[test]
+    fn attempt_and_created_at_have_defaults_and_the_rest_is_required() {
+        let decoded =
+            Envelope::decode(br#"{"id":"a","topic":"t","payload":{"x":1},"due_at":7}"#).unwrap();
+        assert_eq!(
+            decoded,
+            Envelope {
+                id: "a".into(),
+                topic: "t".into(),
+                payload: serde_json::json!({"x": 1}),
+                attempt: 0,
+                created_at: 7,
+                due_at: 7,
+            }
+        );
+        let null = br#"{"id":"a","topic":"t","payload":null,"created_at":null,"due_at":7}"#;
+        assert_eq!(Envelope::decode(null).unwrap().created_at, 7);
+        let given = br#"{"id":"a","topic":"t","payload":null,"attempt":2,"created_at":3,"due_at":7,"extra":1}"#;
+        let given = Envelope::decode(given).unwrap();
+        assert_eq!((given.attempt, given.created_at), (2, 3));
+        // What `encode` writes reads back as it was.
+        assert_eq!(
+            Envelope::decode(&given.encode(usize::MAX).unwrap()).unwrap(),
+            given
+        );
+        for field in ["id", "topic", "payload", "due_at"] {
+            let mut v = serde_json::json!({"id": "a", "topic": "t", "payload": null, "due_at": 7});
+            v.as_object_mut().unwrap().remove(field);
+            let err = Envelope::decode(v.to_string().as_bytes()).unwrap_err();
+            assert!(err.to_string().contains(field), "{field}: {err}");
         }
     }
 

@@ -59,6 +59,7 @@
 //! | `{ns}:owner` | HASH | queue: claimed task id → `consumer|token` (the fencing token) |
 //! | `{ns}:fence` | STRING | queue: the counter of fencing tokens |
 //! | `{ns}:expired` | HASH | queue: task id → how many times a lease on it ran out |
+//! | `{ns}:unpaired` | HASH | queue: task id → when (ms, Redis's clock) it was first seen half written: queued with no envelope (by a claim), or an envelope with no queue entry (by a reaper's sweep); struck out when the task is whole or gone (see [`QueueConfig::unpaired_grace`]) |
 //! | `{ns}:kind` | STRING | the role using the namespace, `persistent` or `queue` (set by the first to connect; the other is refused with [`NamespaceInUse`]) |
 //! | `{ns}:engine` | STRING | [`Persistent`]'s writer lease: the name of the one engine that writes and restores the namespace (see [`PersistConfig::engine_lease`]) |
 //! | `{ns}:engine:takes` | STRING | `<count> <name>`: how many times that lease was taken while free, and by whom last |
@@ -67,6 +68,40 @@
 //! | `{ns}:due:snapshot:<engine>`, `{ns}:tasks:snapshot:<engine>` | ZSET, HASH | [`Persistent::snapshot`]'s scratch copy (no `:<engine>` without a lease), renamed over `{ns}:due` and `{ns}:tasks` |
 //!
 //! Scores are integers below 2^53, so a double holds them exactly.
+//!
+//! # Producers in other languages
+//!
+//! A queue task is two writes on its shard's keys (`{ns}` for one shard; with `shards = N`,
+//! `{ns:i}` where `i` is [`shard_of`]`(id, N)`): its envelope in `{ns}:tasks` (a JSON
+//! [`Envelope`]: `id`, `topic`, `payload` and `due_at` are required, `attempt` and
+//! `created_at` may be left out) and its id in `{ns}:due`, scored by its due time (integer ms
+//! since the Unix epoch, the same as `due_at`). A producer that writes them itself should, in
+//! order of preference:
+//!
+//! 1. call the ENQUEUE script, the one [`Producer::enqueue`] runs (its text is
+//!    [`Producer::ENQUEUE_SCRIPT`]: `SCRIPT LOAD` it once and call `EVALSHA`). It writes
+//!    both at once, leaves a pending id alone, and wakes the consumers:
+//!    * KEYS: `{ns}:due`, `{ns}:tasks`, `{ns}:lease`, `{ns}:owner`, `{ns}:expired`.
+//!    * ARGV: the id; the due time (ms); the envelope (JSON); `1` to replace a pending task of
+//!      that id, else `0`; the wake-up channel `{ns}:wake` (the namespace without a shard
+//!      suffix, for every shard); publish a wake-up if the due time is before this (ms; `0`:
+//!      never; [`Producer`] uses now + `reconcile` + `claim_margin`); the wake-up message
+//!      (the due time, followed on a sharded queue by `:` and the shard, e.g.
+//!      `1733234567890:3`).
+//!    * Reply: `1` if stored, `0` if a task of that id was pending (an envelope, and queued
+//!      or claimed) and `0` was given for replace.
+//! 2. or send `HSET {ns}:tasks` and `ZADD {ns}:due` in one MULTI/EXEC (this overwrites a
+//!    pending task of the same id, and publishes no wake-up: consumers then find the task at
+//!    their next reconcile claim, within `reconcile`);
+//! 3. or write the envelope first, then the ZADD.
+//!
+//! A task written in two steps is half written in between, and the consumers tolerate that
+//! for [`QueueConfig::unpaired_grace`] (5 s by default), counted from when they first see it:
+//! an id queued with no envelope is left queued (not claimed) and dead-lettered once that
+//! has passed (reason `no envelope in the tasks hash`); an envelope with no queue entry is
+//! removed once it has passed. Either way, both writes must land within the grace period.
+//! An envelope with no queue entry does not make its id pending: [`Producer::enqueue`]
+//! stores a new task under that id.
 
 mod blocking;
 mod consumer;

@@ -157,6 +157,20 @@ pub struct QueueConfig {
     /// by design (every thread often in a job longer than this) make the consumer hand its
     /// tasks back and claim them again each time: raise it above their longest run.
     pub handler_stall: Duration,
+    /// How long a task that another client writes in two steps may stay half written
+    /// (default 5 s; at most a day; zero: not at all, the first claim that finds a queued id
+    /// with no envelope dead-letters it). A producer that sends `ZADD {ns}:due` and then
+    /// `HSET {ns}:tasks` without MULTI leaves a queued id with no envelope between the two: a
+    /// claim that finds one leaves it queued, claims the other tasks, and dead-letters it
+    /// (reason `no envelope in the tasks hash`) only once this long has passed since a claim
+    /// first saw it so. Likewise, a consumer's reaper removes an envelope that has no queue
+    /// entry (written first, its `ZADD` not sent yet, or never) only once this long has passed
+    /// since it first saw it alone. Counted on Redis's clock, from the first sighting, which
+    /// `{ns}:unpaired` keeps (see the [key layout](super#key-layout)). The two writes of such
+    /// a producer must land within this of each other; the queue's own writes are never half
+    /// done. Long enough for the slowest such producer, short enough that a task that will
+    /// never be whole is dead-lettered soon.
+    pub unpaired_grace: Duration,
     /// Whether producers PUBLISH a wake-up for tasks due before the next reconcile
     /// (default true).
     pub notify: bool,
@@ -188,6 +202,7 @@ impl QueueConfig {
             max_lease_expiries: 3,
             handler_threads: 4,
             handler_stall: Duration::from_secs(10),
+            unpaired_grace: Duration::from_secs(5),
             notify: true,
             max_envelope: 64 * 1024,
             consumer_id: None,
@@ -247,14 +262,15 @@ impl QueueConfig {
             self.lease,
             self.ack_interval,
             self.reaper_interval,
+            self.unpaired_grace,
         ]
         .iter()
         .any(|d| *d > day)
         {
             // Beyond any sensible setting, and it keeps every sum of them far from overflow.
             return Err(QueueError::Config(
-                "lookahead, reconcile, claim_margin, lease, ack_interval and reaper_interval \
-                 must be at most a day",
+                "lookahead, reconcile, claim_margin, lease, ack_interval, reaper_interval and \
+                 unpaired_grace must be at most a day",
             ));
         }
         if self.lookahead < self.reconcile + self.claim_margin {
@@ -308,6 +324,12 @@ impl QueueConfig {
     pub(crate) fn channel(&self) -> String {
         format!("{{{}}}:wake", self.namespace)
     }
+}
+
+/// The shard's HASH of ids seen with half of their pair (see [`QueueConfig::unpaired_grace`]):
+/// `{ns}:unpaired`.
+pub(crate) fn unpaired_key(keys: &KeyLayout) -> String {
+    format!("{{{}}}:unpaired", keys.namespace())
 }
 
 /// The most shards a queue may have: as many as a Redis Cluster has slots.
@@ -514,6 +536,11 @@ impl fmt::Debug for Producer {
 }
 
 impl Producer {
+    /// The Lua text of the script [`enqueue`](Self::enqueue) runs, for producers in other
+    /// languages: load it (`SCRIPT LOAD`) and call it with `EVALSHA`, or send it with `EVAL`.
+    /// See the [key layout](super#producers-in-other-languages) for its keys and arguments.
+    pub const ENQUEUE_SCRIPT: &'static str = scripts::ENQUEUE_LUA;
+
     /// Connects. Errors: a bad setting or namespace, a namespace a `Persistent` engine uses
     /// ([`QueueError::InUse`]), an unreachable Redis, or a call outside a Tokio runtime or
     /// on one without its time or I/O driver (`enable_all` enables both).
@@ -532,7 +559,9 @@ impl Producer {
     }
 
     /// Enqueues task `id` for `topic` at `when`. Idempotent by id: if `id` is already queued
-    /// (or claimed), nothing changes and `Ok(false)` is returned. Errors hand the envelope back.
+    /// (or claimed), nothing changes and `Ok(false)` is returned. An envelope stored under
+    /// `id` with no queue entry (another client's, half written or left behind) does not
+    /// count: it is written over. Errors hand the envelope back.
     pub async fn enqueue(
         &self,
         id: impl Into<String>,
@@ -643,7 +672,9 @@ impl Producer {
     /// `Ok(false)` if it is not dead-lettered; [`QueueError::NotAnEnvelope`] if what was
     /// dead-lettered is not a task envelope, [`QueueError::StillPending`] if a task with the
     /// same id was enqueued since (both leave everything as it is). The envelope goes back as
-    /// it was stored, so `max_envelope` is not applied to it again.
+    /// it was stored, so `max_envelope` is not applied to it again. A task dead-lettered with
+    /// no envelope (`no envelope in the tasks hash`) whose envelope was written since (by
+    /// another client, too late) goes back with that envelope.
     pub async fn requeue(&self, id: &str) -> Result<bool, QueueError> {
         let keys = self.keys(id);
         let mut conn = self.conn.conn.clone();
@@ -661,7 +692,17 @@ impl Producer {
             return Err(QueueError::NotAnEnvelope(id.to_string()));
         };
         let dead = parse_dead(id.to_string(), text);
-        let envelope = Envelope::decode(dead.raw.as_bytes()).ok();
+        let mut envelope = Envelope::decode(dead.raw.as_bytes()).ok();
+        if envelope.is_none() && dead.raw.is_empty() {
+            // Dead-lettered with no envelope: one written since is the task's.
+            self.conn.count(1);
+            let stored: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(keys.tasks())
+                .arg(id)
+                .query_async(&mut conn)
+                .await?;
+            envelope = stored.and_then(|bytes| Envelope::decode(&bytes).ok());
+        }
         // One stored under another id was dead-lettered for that: it is not this task.
         let Some(mut envelope) = envelope.filter(|e| e.id == id) else {
             return Err(QueueError::NotAnEnvelope(id.to_string()));
@@ -675,6 +716,7 @@ impl Producer {
         inv.key(keys.dead())
             .key(keys.tasks())
             .key(keys.due())
+            .key(keys.lease())
             .arg(id)
             .arg(bytes)
             .arg(envelope.due_at)

@@ -3,8 +3,17 @@
 //!
 //! Keys of a shard (see [`KeyLayout`](super::KeyLayout)): `due` (ZSET id → due ms, queued),
 //! `tasks` (HASH id → envelope), `lease` (ZSET id → lease deadline ms, claimed), `owner` (HASH
-//! id → `consumer|token`), `fence` (counter of claim tokens), `dead` (HASH id → record), and
-//! a consumer's `batch` (LIST: its last claim, for a retry whose reply was lost).
+//! id → `consumer|token`), `fence` (counter of claim tokens), `dead` (HASH id → record),
+//! `unpaired` (HASH id → when, on Redis's clock, a claim or a sweep first saw the id with half
+//! of its pair: queued with no envelope, or an envelope with no queue entry), and a
+//! consumer's `batch` (LIST: its last claim, for a retry whose reply was lost).
+//!
+//! Another client may write a task in two steps (the queue entry, then the envelope, or the
+//! other way round). Each half alone is given `grace` ms from when it is first seen (CLAIM
+//! sees a queue entry with no envelope, SWEEP an envelope with neither a queue entry nor a
+//! lease nor a dead letter) before it is dead-lettered or removed; meanwhile it is left as
+//! it is, and the other tasks go on. A task is pending, for ENQUEUE and REQUEUE, when it has
+//! both halves: an envelope alone does not make its id look queued.
 //!
 //! Fencing: a claim takes a fresh token and writes `consumer|token` as the owner of each task
 //! it takes. Every later change by that consumer (ack, retry, dead-letter, give back) first
@@ -36,13 +45,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 use redis::Script;
 
 /// KEYS: due, tasks, lease, owner, expired. ARGV: id, due, envelope, replace (0/1), channel,
-/// notify before (ms; 0 = never), message. Returns 1 if stored, 0 if the id was pending and
-/// replace was not asked for. A task stored starts with no lease expiries (a count left by an
-/// older consumer that did not clear it, or by a replaced task, is forgotten).
-pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local pending = redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
+/// notify before (ms; 0 = never), message. Returns 1 if stored, 0 if the id was pending (an
+/// envelope, and the id queued or leased) and replace was not asked for. An envelope with no
+/// queue entry (another client's task half written, or left behind) is written over. A task
+/// stored starts with no lease expiries (a count left by an older consumer that did not clear
+/// it, or by a replaced task, is forgotten). The text is public for producers in other
+/// languages ([`Producer::ENQUEUE_SCRIPT`](super::Producer::ENQUEUE_SCRIPT)).
+pub(crate) const ENQUEUE_LUA: &str = r"
+local stored = redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
+local pending = stored and (redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZSCORE', KEYS[3], ARGV[1]))
 if pending and ARGV[4] == '0' then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -55,9 +66,10 @@ if tonumber(ARGV[2]) < tonumber(ARGV[6]) then
   redis.pcall('PUBLISH', ARGV[5], ARGV[7])
 end
 return 1
-",
-    )
-});
+";
+
+/// [`ENQUEUE_LUA`], loaded.
+pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(ENQUEUE_LUA));
 
 /// KEYS: due, tasks, lease, owner, expired. ARGV: id. Returns 1 if the task was queued or
 /// leased.
@@ -74,13 +86,22 @@ return n
     )
 });
 
-/// KEYS: due, tasks, lease, owner, fence, dead, batch, expired. ARGV: until (ms), batch, consumer,
-/// lease (ms), nonce. Takes up to `batch` tasks due by `until`, leases them to
+/// KEYS: due, tasks, lease, owner, fence, dead, batch, expired, unpaired. ARGV: until (ms),
+/// batch, consumer, lease (ms), nonce, grace (ms). Leases up to `batch` tasks due by `until` to
 /// `consumer|token` until max(due, now) + lease (`now`: Redis's clock), and returns `token,
-/// id1, due1, envelope1, id2, ...`, or an empty array. An id with no envelope (or an empty
-/// one; only another client writes such) is dead-lettered here instead of leased, and comes
-/// back as `id, "dead", ""`: leased, it would wait for the consumer's dead-lettering, and an
-/// `enqueue` of the id in between would be dead-lettered with it.
+/// id1, due1, envelope1, id2, ...`, or an empty array.
+///
+/// An id with no envelope (or an empty one; only another client writes such) is never leased:
+/// leased, it would wait for the consumer's dead-lettering, and an `enqueue` of the id in
+/// between would be dead-lettered with it. It may be half written (queued first, its envelope
+/// on the way), so it stays queued until `grace` ms have passed since a claim first saw it so
+/// (kept in `unpaired`), then goes to the dead-letter HASH. It comes back as `id, "wait", ""`
+/// the first time it is seen, `id, "dead", ""` when dead-lettered, `id, "wrongtype", key`
+/// when `key` (the dead-letter HASH, or `unpaired`) has the wrong type: the id then stays
+/// queued, and the other tasks are claimed all the same. Ids seen before and still in their
+/// grace period are not answered, and do not take a task's place: the claim reads as many
+/// more ids as `unpaired` holds, up to `batch` more. A claim's reply holds at most `batch`
+/// leased tasks.
 ///
 /// Idempotent by nonce: the claim is kept in the consumer's `batch` list (`nonce, token, id1,
 /// due1, ...`, expiring when the last of its leases ends), and a call with the nonce kept
@@ -108,36 +129,71 @@ if redis.call('LINDEX', KEYS[7], 0) == ARGV[5] then
   end
   return out
 end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local limit, grace = tonumber(ARGV[2]), tonumber(ARGV[6])
+-- How many ids wait for their envelope: as many more are read, so that they take no task's
+-- place. A wrong-typed `unpaired` is reported with each id that needs it.
+local known = redis.pcall('HLEN', KEYS[9])
+local tracked = type(known) == 'number'
+if not tracked then
+  if not string.find(known.err, 'WRONGTYPE', 1, true) then return known end
+  known = 0
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, limit + math.min(known, limit))
 if #ids == 0 then return {{}} end
 local token = redis.call('INCR', KEYS[5])
 local owner = ARGV[3] .. '|' .. token
 {REDIS_NOW}local lease = tonumber(ARGV[4])
 local out = {{tostring(token)}}
 local kept = {{ARGV[5], tostring(token)}}
-local last = now
+local last, leased = now, 0
 for i = 1, #ids, 2 do
+  if leased == limit then break end
   local id, due = ids[i], tonumber(ids[i + 1])
   local envelope = redis.call('HGET', KEYS[2], id)
   if envelope and envelope ~= '' then
     redis.call('ZADD', KEYS[3], math.max(due, now) + lease, id)
     redis.call('HSET', KEYS[4], id, owner)
     redis.call('ZREM', KEYS[1], id)
+    if known > 0 then redis.call('HDEL', KEYS[9], id) end
     out[#out + 1] = id
     out[#out + 1] = ids[i + 1]
     out[#out + 1] = envelope
     kept[#kept + 1] = id
     kept[#kept + 1] = ids[i + 1]
     last = math.max(last, due)
-  else
-    redis.call('HSET', KEYS[6], id, cjson.encode({{
-      reason = 'no envelope in the tasks hash', raw = '', at = now, attempt = 0}}))
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[8], id)
+    leased = leased + 1
+  elseif not tracked then
     out[#out + 1] = id
-    out[#out + 1] = 'dead'
-    out[#out + 1] = ''
+    out[#out + 1] = 'wrongtype'
+    out[#out + 1] = KEYS[9]
+  else
+    local seen = tonumber(redis.call('HGET', KEYS[9], id))
+    -- A time ahead of Redis's clock (it stepped back) counts from now.
+    if seen and seen > now then seen = nil end
+    if seen == nil and grace > 0 then
+      redis.call('HSET', KEYS[9], id, now)
+      out[#out + 1] = id
+      out[#out + 1] = 'wait'
+      out[#out + 1] = ''
+    elseif now - (seen or now) >= grace then
+      -- The dead letter first: a key of the wrong type refuses it, and the id stays queued.
+      local written = redis.pcall('HSET', KEYS[6], id, cjson.encode({{
+        reason = 'no envelope in the tasks hash', raw = '', at = now, attempt = 0}}))
+      if type(written) == 'table' and written.err then
+        if not string.find(written.err, 'WRONGTYPE', 1, true) then return written end
+        out[#out + 1] = id
+        out[#out + 1] = 'wrongtype'
+        out[#out + 1] = KEYS[6]
+      else
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('HDEL', KEYS[2], id)
+        redis.call('HDEL', KEYS[8], id)
+        redis.call('HDEL', KEYS[9], id)
+        out[#out + 1] = id
+        out[#out + 1] = 'dead'
+        out[#out + 1] = ''
+      end
+    end
   end
 end
 redis.call('DEL', KEYS[7])
@@ -275,12 +331,14 @@ return n
 /// to the queue at their due time (Redis's now, if that is earlier or unknown), and wakes the consumers; counts each task's expiries, and moves a
 /// task whose lease has now expired `max` times to the dead-letter HASH instead (a task that
 /// takes its consumer down each time is not delivered forever), with a record as the
-/// consumer writes one. Returns `{requeued, dead-lettered}`.
+/// consumer writes one. Returns `{requeued, dead-lettered, bad key}`: the bad key is the
+/// dead-letter HASH when it has the wrong type (the tasks it refused stay leased, and are tried
+/// again by the next call), else `''`.
 pub(crate) static REAP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {REDIS_NOW}local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local max, requeued, dead = tonumber(ARGV[3]), 0, 0
+local max, requeued, dead, bad = tonumber(ARGV[3]), 0, 0, ''
 -- A script that fails part way keeps what it wrote: for each id, whatever can fail (a count or
 -- a record that does not encode) comes before the first delete, and the task's new place is
 -- written before its old one is cleared. An error then leaves the task leased, whole.
@@ -302,12 +360,19 @@ for _, id in ipairs(ids) do
     if not encoded then
       record = cjson.encode({{reason = reason, raw = '', at = now, attempt = n}})
     end
-    redis.call('HSET', KEYS[5], id, record)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[6], id)
-    dead = dead + 1
+    -- A dead-letter key of the wrong type refuses the record: the task stays leased, tried
+    -- again next round, and the key is named in the reply; the other tasks go on.
+    local written = redis.pcall('HSET', KEYS[5], id, record)
+    if type(written) == 'table' and written.err then
+      if not string.find(written.err, 'WRONGTYPE', 1, true) then return written end
+      bad = KEYS[5]
+    else
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[4], id)
+      redis.call('HDEL', KEYS[6], id)
+      dead = dead + 1
+    end
   else
     -- Back at its own due time (the producers' clock, as every score in the queue), read from
     -- the end of the envelope, where `due_at` is the last field: at Redis's `now` it would wait
@@ -326,22 +391,22 @@ for _, id in ipairs(ids) do
   end
 end
 if requeued > 0 then redis.pcall('PUBLISH', ARGV[2], tostring(now) .. ARGV[4]) end
-return {{requeued, dead}}
+return {{requeued, dead, bad}}
 ",
     ))
 });
 
-/// KEYS: dead, tasks, due. ARGV: id, envelope, due (ms), channel, the dead record as read,
-/// wake-up suffix (`:shard`, or empty).
+/// KEYS: dead, tasks, due, lease. ARGV: id, envelope, due (ms), channel, the dead record as
+/// read, wake-up suffix (`:shard`, or empty).
 /// Moves a dead-lettered task back to the queue with a fresh envelope and wakes the consumers.
 /// Returns 0 if the dead-letter HASH no longer holds that record for the id (gone, or
 /// dead-lettered again since it was read), -1 (and changes nothing) if a task with that id is
-/// pending again.
+/// pending again (an envelope, and queued or leased; an envelope alone is written over).
 pub(crate) static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[5] then return 0 end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return -1 end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 and (redis.call('ZSCORE', KEYS[3], ARGV[1]) or redis.call('ZSCORE', KEYS[4], ARGV[1])) then return -1 end
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HDEL', KEYS[1], ARGV[1])
@@ -351,9 +416,66 @@ return 1
     )
 });
 
+/// KEYS: tasks, due, lease, dead, unpaired, expired. ARGV: tasks cursor, unpaired cursor,
+/// count, grace (ms). One step of the reaper's sweep for envelopes with no queue entry, which
+/// another client's task written envelope first has until its second write lands, and one
+/// whose second write never came has for good. An HSCAN step of `count` (a hint) over
+/// `tasks`: an envelope whose id is neither queued nor leased nor dead-lettered is noted in
+/// `unpaired` when first seen so, and removed (with its lease expiry count) when seen so
+/// again `grace` ms or more later (Redis's clock); one whole again is struck from `unpaired`
+/// (an empty envelope counts as none, as for CLAIM). Then an HSCAN step over `unpaired`,
+/// striking out ids now whole or gone (neither queued, leased nor stored). Returns `{next tasks cursor, next unpaired cursor, envelopes removed, bad key}`:
+/// the bad key is `unpaired` when it has the wrong type (nothing is done then), else `''`.
+pub(crate) static SWEEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local known = redis.pcall('HLEN', KEYS[5])
+if type(known) ~= 'number' then
+  if not string.find(known.err, 'WRONGTYPE', 1, true) then return known end
+  return {{ARGV[1], ARGV[2], 0, KEYS[5]}}
+end
+{REDIS_NOW}local grace, removed = tonumber(ARGV[4]), 0
+local step = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[3])
+local fields = step[2]
+for i = 1, #fields, 2 do
+  local id = fields[i]
+  local placed = redis.call('ZSCORE', KEYS[2], id) or redis.call('ZSCORE', KEYS[3], id) or redis.call('HEXISTS', KEYS[4], id) == 1
+  if placed then
+    -- Whole; or queued with an empty envelope, which is the claim's to judge, as none.
+    if known > 0 and fields[i + 1] ~= '' then redis.call('HDEL', KEYS[5], id) end
+  else
+    local seen = tonumber(redis.call('HGET', KEYS[5], id))
+    if seen and seen > now then seen = nil end
+    if seen == nil and grace > 0 then
+      redis.call('HSET', KEYS[5], id, now)
+    elseif now - (seen or now) >= grace then
+      redis.call('HDEL', KEYS[1], id)
+      redis.call('HDEL', KEYS[6], id)
+      redis.call('HDEL', KEYS[5], id)
+      removed = removed + 1
+    end
+  end
+end
+local next_unpaired = '0'
+if known > 0 then
+  local noted = redis.call('HSCAN', KEYS[5], ARGV[2], 'COUNT', ARGV[3])
+  next_unpaired = noted[1]
+  for i = 1, #noted[2], 2 do
+    local id = noted[2][i]
+    local queued = redis.call('ZSCORE', KEYS[2], id) or redis.call('ZSCORE', KEYS[3], id)
+    local envelope = redis.call('HGET', KEYS[1], id)
+    local whole = envelope and envelope ~= '' and (queued or redis.call('HEXISTS', KEYS[4], id) == 1)
+    if whole or not (queued or envelope) then redis.call('HDEL', KEYS[5], id) end
+  end
+end
+return {{step[1], next_unpaired, removed, ''}}
+",
+    ))
+});
+
 /// Every script, for loading them all ahead of their first calls.
-pub(crate) static ALL: [&LazyLock<Script>; 10] = [
-    &ENQUEUE, &CANCEL, &CLAIM, &RENEW, &ACK, &RETRY, &DEAD, &GIVE_BACK, &REAP, &REQUEUE,
+pub(crate) static ALL: [&LazyLock<Script>; 11] = [
+    &ENQUEUE, &CANCEL, &CLAIM, &RENEW, &ACK, &RETRY, &DEAD, &GIVE_BACK, &REAP, &REQUEUE, &SWEEP,
 ];
 
 /// The tests' private `redis-server` (shared with the integration tests).
@@ -389,6 +511,13 @@ mod tests {
 
     /// Runs REAP on `k` with `max` lease expiries: (requeued, dead-lettered).
     fn reap(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64) {
+        let (requeued, dead, bad) = reap_reply(conn, k, max);
+        assert_eq!(bad, "", "a key named as of the wrong type");
+        (requeued, dead)
+    }
+
+    /// Runs REAP on `k` with `max` lease expiries: its whole reply.
+    fn reap_reply(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64, String) {
         REAP.key(k.lease())
             .key(k.owner())
             .key(k.due())
@@ -430,13 +559,27 @@ mod tests {
         claim_with_nonce(conn, k, lease_ms, 100, &format!("n{nonce}"))
     }
 
-    /// CLAIM of up to `batch` tasks due by consumer `c`, with nonce `nonce`.
+    /// CLAIM of up to `batch` tasks due by consumer `c`, with nonce `nonce`, and no grace
+    /// period for an id with no envelope.
     fn claim_with_nonce(
         conn: &mut redis::Connection,
         k: &KeyLayout,
         lease_ms: u64,
         batch: usize,
         nonce: &str,
+    ) -> redis::RedisResult<Vec<String>> {
+        claim_with_grace(conn, k, lease_ms, batch, nonce, 0)
+    }
+
+    /// CLAIM of up to `batch` tasks due by consumer `c`, with nonce `nonce`, and `grace_ms`
+    /// for an id with no envelope.
+    fn claim_with_grace(
+        conn: &mut redis::Connection,
+        k: &KeyLayout,
+        lease_ms: u64,
+        batch: usize,
+        nonce: &str,
+        grace_ms: u64,
     ) -> redis::RedisResult<Vec<String>> {
         CLAIM
             .key(k.due())
@@ -447,11 +590,13 @@ mod tests {
             .key(k.dead())
             .key(k.batch("c"))
             .key(k.expired())
+            .key(crate::redis::queue::unpaired_key(k))
             .arg(i64::MAX)
             .arg(batch)
             .arg("c")
             .arg(lease_ms)
             .arg(nonce)
+            .arg(grace_ms)
             .invoke(conn)
     }
 
@@ -696,6 +841,207 @@ mod tests {
         assert_eq!(stored.as_deref(), Some(envelope));
     }
 
+    /// An id with no envelope is left queued for its grace period, counted from the first
+    /// claim that saw it so, and takes no task's place meanwhile; then it is dead-lettered,
+    /// unless the dead-letter key has the wrong type: then it stays queued, the claim names
+    /// the key, and the good tasks are claimed all the same. So does a wrong-typed
+    /// `unpaired`.
+    #[test]
+    fn a_claim_waits_out_the_grace_period_of_an_id_with_no_envelope() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("grace").unwrap();
+        let unpaired = crate::redis::queue::unpaired_key(&k);
+        redis::pipe()
+            .zadd(k.due(), "half", 0)
+            .zadd(k.due(), "a", 1)
+            .zadd(k.due(), "b", 1)
+            .hset(k.tasks(), "a", "{}")
+            .hset(k.tasks(), "b", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let claim = |conn: &mut redis::Connection, nonce: &str| {
+            claim_with_grace(conn, &k, 60_000, 2, nonce, 60_000).unwrap()
+        };
+        let ids = |reply: &[String]| -> Vec<(String, String)> {
+            reply[1..]
+                .chunks(3)
+                .map(|t| {
+                    (
+                        t[0].clone(),
+                        if t[1] == "1" {
+                            "leased".into()
+                        } else {
+                            t[1].clone()
+                        },
+                    )
+                })
+                .collect()
+        };
+        let pair = |id: &str, what: &str| (id.to_string(), what.to_string());
+        // First seen: noted, and answered (the claim changed something), beside a task.
+        assert_eq!(
+            ids(&claim(&mut conn, "1")),
+            [pair("half", "wait"), pair("a", "leased")]
+        );
+        // Seen before, in its grace period: read beyond, not answered.
+        assert_eq!(ids(&claim(&mut conn, "2")), [pair("b", "leased")]);
+        let noted: Option<i64> = redis::cmd("HGET")
+            .arg(&unpaired)
+            .arg("half")
+            .query(&mut conn)
+            .unwrap();
+        assert!(noted.unwrap() > 1_600_000_000_000);
+        // Its grace period over: dead-lettered, and forgotten.
+        redis::cmd("HSET")
+            .arg(&unpaired)
+            .arg("half")
+            .arg(0)
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(ids(&claim(&mut conn, "3")), [pair("half", "dead")]);
+        let (queued, tracked): (u32, u32) = redis::pipe()
+            .zcard(k.due())
+            .hlen(&unpaired)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!((queued, tracked), (0, 0));
+        assert_eq!(
+            dead_record(&mut conn, &k, "half")["reason"],
+            "no envelope in the tasks hash"
+        );
+
+        // A dead-letter key of the wrong type: named, the id kept, the good task claimed.
+        redis::pipe()
+            .del(k.dead())
+            .set(k.dead(), "not a hash")
+            .zadd(k.due(), "half2", 0)
+            .hset(&unpaired, "half2", 0)
+            .zadd(k.due(), "c", 1)
+            .hset(k.tasks(), "c", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let reply = claim(&mut conn, "4");
+        assert_eq!(reply[1..], ["half2", "wrongtype", k.dead(), "c", "1", "{}"]);
+        let (score, noted): (Option<f64>, bool) = redis::pipe()
+            .zscore(k.due(), "half2")
+            .hexists(&unpaired, "half2")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!((score, noted), (Some(0.0), true));
+
+        // An `unpaired` of the wrong type: likewise.
+        redis::pipe()
+            .del(&unpaired)
+            .set(&unpaired, "not a hash")
+            .zadd(k.due(), "d", 1)
+            .hset(k.tasks(), "d", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let reply = claim(&mut conn, "5");
+        assert_eq!(
+            reply[1..],
+            ["half2", "wrongtype", unpaired.as_str(), "d", "1", "{}"]
+        );
+    }
+
+    /// SWEEP notes an envelope with neither a queue entry, a lease nor a dead letter, removes
+    /// it once seen so again after the grace period, and strikes out of `unpaired` the ids
+    /// whole again or gone.
+    #[test]
+    fn a_sweep_removes_an_envelope_alone_after_the_grace_period() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("sweep").unwrap();
+        let unpaired = crate::redis::queue::unpaired_key(&k);
+        redis::pipe()
+            .hset(k.tasks(), "alone", "{}")
+            .hset(k.expired(), "alone", 1)
+            .zadd(k.due(), "queued", 1)
+            .hset(k.tasks(), "queued", "{}")
+            .zadd(k.lease(), "leased", 1)
+            .hset(k.tasks(), "leased", "{}")
+            .hset(k.dead(), "dead", "{}")
+            .hset(k.tasks(), "dead", "{}")
+            .hset(&unpaired, "queued", 0)
+            .hset(&unpaired, "gone", 0)
+            .zadd(k.due(), "half", 1)
+            .hset(&unpaired, "half", 0)
+            // Queued with an empty envelope: the claim's to judge, as one with none.
+            .zadd(k.due(), "empty", 1)
+            .hset(k.tasks(), "empty", "")
+            .hset(&unpaired, "empty", 0)
+            .query::<()>(&mut conn)
+            .unwrap();
+        let sweep = |conn: &mut redis::Connection, grace: u64| -> (String, String, u64, String) {
+            SWEEP
+                .key(k.tasks())
+                .key(k.due())
+                .key(k.lease())
+                .key(k.dead())
+                .key(&unpaired)
+                .key(k.expired())
+                .arg(0)
+                .arg(0)
+                .arg(100)
+                .arg(grace)
+                .invoke(conn)
+                .unwrap()
+        };
+        let noted = |conn: &mut redis::Connection| -> Vec<String> {
+            let mut ids: Vec<String> = redis::cmd("HKEYS").arg(&unpaired).query(conn).unwrap();
+            ids.sort();
+            ids
+        };
+        // Small hashes answer whole in one step: cursors back at 0.
+        assert_eq!(
+            sweep(&mut conn, 60_000),
+            ("0".into(), "0".into(), 0, String::new())
+        );
+        // `alone` noted, `half` and `empty` (queued, their envelopes awaited) kept; the
+        // others struck out.
+        assert_eq!(noted(&mut conn), ["alone", "empty", "half"]);
+        assert_eq!(
+            sweep(&mut conn, 60_000).2,
+            0,
+            "removed within its grace period"
+        );
+        redis::cmd("HSET")
+            .arg(&unpaired)
+            .arg("alone")
+            .arg(0)
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(sweep(&mut conn, 60_000).2, 1);
+        let mut stored: Vec<String> = redis::cmd("HKEYS").arg(k.tasks()).query(&mut conn).unwrap();
+        stored.sort();
+        assert_eq!(stored, ["dead", "empty", "leased", "queued"]);
+        let counted: bool = redis::cmd("HEXISTS")
+            .arg(k.expired())
+            .arg("alone")
+            .query(&mut conn)
+            .unwrap();
+        assert!(!counted, "its lease expiry count was kept");
+        assert_eq!(noted(&mut conn), ["empty", "half"]);
+        // With no grace period, at once.
+        redis::cmd("HSET")
+            .arg(k.tasks())
+            .arg("alone2")
+            .arg("{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(sweep(&mut conn, 0).2, 1);
+        // A wrong-typed `unpaired` is named, and nothing is done.
+        redis::pipe()
+            .del(&unpaired)
+            .set(&unpaired, "x")
+            .hset(k.tasks(), "alone3", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(
+            sweep(&mut conn, 0),
+            ("0".into(), "0".into(), 0, unpaired.clone())
+        );
+    }
+
     /// Scripts that move a task and fail part way (a key of the wrong type, which another
     /// client wrote) leave it where it was: the new place is written before the old one is
     /// cleared. (CLAIM removed the task from the queue before leasing it, and REQUEUE deleted
@@ -732,6 +1078,7 @@ mod tests {
             .key(k.dead())
             .key(k.tasks())
             .key(k.due())
+            .key(k.lease())
             .arg("a")
             .arg(envelope)
             .arg(0)
@@ -833,6 +1180,43 @@ mod tests {
             assert_eq!(claim(&mut conn, &k, 0).len(), 1);
             assert_eq!(reap(&mut conn, &k, 0), (1, 0));
         }
+    }
+
+    /// A dead-letter key of the wrong type stops no reaping: a task out of lease expiries
+    /// stays leased, the key is named, and the other expired leases go back to the queue.
+    /// (The failed HSET failed the script at that task, the first by score in every round
+    /// after: no lease after it was returned any more.)
+    #[test]
+    fn a_wrong_typed_dead_key_stops_no_reaping() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("reapwrong").unwrap();
+        redis::pipe()
+            .zadd(k.lease(), "poison", 0)
+            .hset(k.owner(), "poison", "c|1")
+            .hset(k.tasks(), "poison", "{}")
+            .hset(k.expired(), "poison", 1)
+            .zadd(k.lease(), "fine", 1)
+            .hset(k.owner(), "fine", "c|1")
+            .hset(k.tasks(), "fine", "{}")
+            .set(k.dead(), "not a hash")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(reap_reply(&mut conn, &k, 2), (1, 0, k.dead().to_string()));
+        let (leased, queued): (Vec<String>, Vec<String>) = redis::pipe()
+            .zrange(k.lease(), 0, -1)
+            .zrange(k.due(), 0, -1)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(
+            (leased, queued),
+            (vec!["poison".into()], vec!["fine".into()])
+        );
+        // Once the key is fixed, the next round dead-letters it.
+        redis::cmd("DEL")
+            .arg(k.dead())
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(reap(&mut conn, &k, 2), (0, 1));
     }
 
     /// Redis's clock, in ms.
