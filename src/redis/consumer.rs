@@ -34,7 +34,7 @@ use super::blocking::{wait_on, OwnedRuntime};
 use super::envelope::{Envelope, MAX_DUE_MS};
 use super::layout::KeyLayout;
 use super::persistent::now_ms;
-use super::queue::{dead_record, sample_depth, unpaired_key, Conn, QueueConfig, QueueError};
+use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
 use super::scripts;
 use super::store::StoreError;
 use super::wall_clock::{micros_since, since_epoch};
@@ -1058,7 +1058,7 @@ async fn claim(
         .key(keys.dead())
         .key(keys.batch(&shared.batch_name))
         .key(keys.expired())
-        .key(unpaired_key(keys))
+        .key(keys.unpaired())
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(room.n)
         .arg(shared.id.as_str())
@@ -1351,13 +1351,13 @@ async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>, i: usiz
 /// `sweep`, which it moves on. A failure is only logged: the next round tries again.
 async fn sweep_step(shared: &Shared, shard: u32, sweep: &mut (String, String)) {
     let keys = &shared.shards[shard as usize];
-    let unpaired = unpaired_key(keys);
+    let unpaired = keys.unpaired();
     let mut inv = scripts::SWEEP.prepare_invoke();
     inv.key(keys.tasks())
         .key(keys.due())
         .key(keys.lease())
         .key(keys.dead())
-        .key(&unpaired)
+        .key(unpaired)
         .key(keys.expired())
         .arg(&sweep.0)
         .arg(&sweep.1)

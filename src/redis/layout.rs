@@ -12,6 +12,7 @@ pub struct KeyLayout {
     owner: String,
     fence: String,
     expired: String,
+    unpaired: String,
     kind: String,
     engine: String,
     takes: String,
@@ -98,6 +99,7 @@ impl KeyLayout {
             owner: format!("{{{ns}}}:owner"),
             fence: format!("{{{ns}}}:fence"),
             expired: format!("{{{ns}}}:expired"),
+            unpaired: format!("{{{ns}}}:unpaired"),
             kind: format!("{{{ns}}}:kind"),
             engine: format!("{{{ns}}}:engine"),
             takes: format!("{{{ns}}}:engine:takes"),
@@ -140,6 +142,14 @@ impl KeyLayout {
     /// cancelled or replaced.
     pub fn expired(&self) -> &str {
         &self.expired
+    }
+
+    /// The queue's HASH of ids seen with half of their pair (a `{ns}:due` entry with no
+    /// envelope, or an envelope with no queue entry) → when first seen (ms, Redis's clock),
+    /// for the grace period [`QueueConfig::unpaired_grace`](super::QueueConfig::unpaired_grace)
+    /// gives a producer that writes the two in separate commands.
+    pub fn unpaired(&self) -> &str {
+        &self.unpaired
     }
 
     /// The queue's LIST of the last claim of consumer `consumer` (a consumer passes its id and

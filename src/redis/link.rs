@@ -279,6 +279,7 @@ fn role_keys(keys: &super::KeyLayout, role: &str) -> (Vec<(String, &'static str)
         (keys.owner().to_owned(), "hash"),
         (keys.fence().to_owned(), "string"),
         (keys.expired().to_owned(), "hash"),
+        (keys.unpaired().to_owned(), "hash"),
     ];
     let (own, other): (Vec<_>, Vec<_>) = if role == QUEUE_ROLE {
         (queue.to_vec(), persistent.to_vec())
@@ -286,12 +287,12 @@ fn role_keys(keys: &super::KeyLayout, role: &str) -> (Vec<(String, &'static str)
         (persistent.to_vec(), queue.to_vec())
     };
     let own = shared.into_iter().chain(own).collect();
-    // The other role's fence is the counter a queue keeps for ever; a queue's `expired` may
-    // be empty (gone) while it runs, so the lease, owner and fence are what show a queue.
+    // The lease, owner and fence are what show a queue (its fence, a counter, stays for
+    // ever); `expired` and `unpaired` come and go.
     let other = other
         .into_iter()
         .map(|(key, _)| key)
-        .filter(|key| key != keys.expired())
+        .filter(|key| key != keys.expired() && key != keys.unpaired())
         .collect();
     (own, other)
 }

@@ -326,12 +326,6 @@ impl QueueConfig {
     }
 }
 
-/// The shard's HASH of ids seen with half of their pair (see [`QueueConfig::unpaired_grace`]):
-/// `{ns}:unpaired`.
-pub(crate) fn unpaired_key(keys: &KeyLayout) -> String {
-    format!("{{{}}}:unpaired", keys.namespace())
-}
-
 /// The most shards a queue may have: as many as a Redis Cluster has slots.
 const MAX_QUEUE_SHARDS: u32 = 16_384;
 

@@ -590,7 +590,7 @@ mod tests {
             .key(k.dead())
             .key(k.batch("c"))
             .key(k.expired())
-            .key(crate::redis::queue::unpaired_key(k))
+            .key(k.unpaired())
             .arg(i64::MAX)
             .arg(batch)
             .arg("c")
@@ -850,7 +850,7 @@ mod tests {
     fn a_claim_waits_out_the_grace_period_of_an_id_with_no_envelope() {
         let (_server, mut conn) = redis();
         let k = KeyLayout::new("grace").unwrap();
-        let unpaired = crate::redis::queue::unpaired_key(&k);
+        let unpaired = k.unpaired().to_owned();
         redis::pipe()
             .zadd(k.due(), "half", 0)
             .zadd(k.due(), "a", 1)
@@ -951,7 +951,7 @@ mod tests {
     fn a_sweep_removes_an_envelope_alone_after_the_grace_period() {
         let (_server, mut conn) = redis();
         let k = KeyLayout::new("sweep").unwrap();
-        let unpaired = crate::redis::queue::unpaired_key(&k);
+        let unpaired = k.unpaired().to_owned();
         redis::pipe()
             .hset(k.tasks(), "alone", "{}")
             .hset(k.expired(), "alone", 1)
