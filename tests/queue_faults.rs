@@ -295,8 +295,12 @@ fn a_wrong_typed_dead_key_beside_an_id_with_no_envelope_blocks_no_claim() {
     let snapshotter = metrics.snapshotter();
     metrics.install().expect("the only recorder of this binary");
     let Fixture { server, rt, cfg, p } = fixture("wrongdead", |_| {});
+    let fired: Fired = Arc::default();
+    // Started first: `Consumer::start` refuses a namespace with a key of the wrong type.
+    let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();
     let mut conn = admin(&server);
     redis::pipe()
+        .atomic()
         .set("{wrongdead}:dead", "not a hash")
         // First in every claim (the lowest score), seen without an envelope long ago.
         .zadd("{wrongdead}:due", "bare", 0)
@@ -310,8 +314,6 @@ fn a_wrong_typed_dead_key_beside_an_id_with_no_envelope_blocks_no_claim() {
         "job",
         (0..n).map(|i| (format!("t{i}"), now_ms())).collect(),
     );
-    let fired: Fired = Arc::default();
-    let c = Consumer::start(cfg, recorder(&fired, 0, "job")).unwrap();
     wait_until("all 50 tasks to fire", || fired.lock().len() == n);
     wait_until("their acks", || c.stats().acked == n as u64);
     let mut reported = 0;
