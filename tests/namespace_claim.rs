@@ -14,23 +14,6 @@ use delaywheel::redis::{
 };
 use redis_server::RedisServer;
 
-fn redis_int(server: &RedisServer, args: &[&str]) -> i64 {
-    match redis_run(server, args) {
-        redis::Value::Int(n) => n,
-        other => panic!("{args:?} answered {other:?}"),
-    }
-}
-
-fn redis_run(server: &RedisServer, args: &[&str]) -> redis::Value {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut conn).unwrap()
-}
-
 /// `Persistent::start` refuses a namespace one of whose keys has the wrong type, naming the
 /// key; and one that holds a queue's keys though no `{ns}:kind` says so (a producer in another
 /// language need not set it), instead of taking the queue's tasks. Neither refusal claims the
@@ -38,7 +21,7 @@ fn redis_run(server: &RedisServer, args: &[&str]) -> redis::Value {
 #[test]
 fn start_refuses_wrong_typed_keys_and_a_queues_keys() {
     let server = RedisServer::start_in_memory();
-    redis_int(&server, &["HSET", "{odd}:due", "f", "v"]);
+    server.int(&["HSET", "{odd}:due", "f", "v"]);
     match Persistent::start(PersistConfig::new(server.url(), "odd")) {
         Err(PersistError::InUse(e)) => {
             assert_eq!(e.key, "{odd}:due");
@@ -48,15 +31,15 @@ fn start_refuses_wrong_typed_keys_and_a_queues_keys() {
         Err(e) => panic!("start got {e}"),
         Ok(_) => panic!("started on a due key that is a hash"),
     }
-    assert_eq!(redis_int(&server, &["EXISTS", "{odd}:kind"]), 0);
+    assert_eq!(server.int(&["EXISTS", "{odd}:kind"]), 0);
 
     for key in ["lease", "owner", "fence"] {
         let ns = format!("q{key}");
         let full = format!("{{{ns}}}:{key}");
         match key {
-            "lease" => redis_int(&server, &["ZADD", &full, "1", "x"]),
-            "owner" => redis_int(&server, &["HSET", &full, "x", "c|1"]),
-            _ => redis_int(&server, &["INCR", &full]),
+            "lease" => server.int(&["ZADD", &full, "1", "x"]),
+            "owner" => server.int(&["HSET", &full, "x", "c|1"]),
+            _ => server.int(&["INCR", &full]),
         };
         match Persistent::start(PersistConfig::new(server.url(), ns.as_str())) {
             Err(PersistError::InUse(e)) => {
@@ -66,7 +49,7 @@ fn start_refuses_wrong_typed_keys_and_a_queues_keys() {
             Ok(_) => panic!("started on a queue's namespace ({full})"),
         }
         assert_eq!(
-            redis_int(&server, &["EXISTS", &format!("{{{ns}}}:kind")]),
+            server.int(&["EXISTS", &format!("{{{ns}}}:kind")]),
             0,
             "the refused start claimed the namespace"
         );
@@ -86,7 +69,7 @@ fn consumer_start_refuses_wrong_typed_keys_and_a_persistent_engines_lease() {
         ("lease", &["SET", "{c2}:lease", "x"][..]),
         ("fence", &["HSET", "{c3}:fence", "f", "v"][..]),
     ] {
-        redis_run(&server, set);
+        server.run(set);
         let full = set[1];
         match start(&full[1..3]) {
             Err(QueueError::InUse(e)) => {
@@ -108,7 +91,7 @@ fn consumer_start_refuses_wrong_typed_keys_and_a_persistent_engines_lease() {
         } else {
             "1 host-1-ab"
         };
-        redis_run(&server, &["SET", &full, value]);
+        server.run(&["SET", &full, value]);
         match start(ns) {
             Err(QueueError::InUse(e)) => {
                 assert_eq!(
@@ -123,13 +106,13 @@ fn consumer_start_refuses_wrong_typed_keys_and_a_persistent_engines_lease() {
             }
         }
         assert_eq!(
-            redis_int(&server, &["EXISTS", &format!("{{{ns}}}:kind")]),
+            server.int(&["EXISTS", &format!("{{{ns}}}:kind")]),
             0,
             "the refused start claimed the namespace"
         );
     }
     // A clean namespace still starts, and claims it.
     let c = start("clean").unwrap();
-    assert_eq!(redis_int(&server, &["EXISTS", "{clean}:kind"]), 1);
+    assert_eq!(server.int(&["EXISTS", "{clean}:kind"]), 1);
     c.shutdown(Duration::from_secs(5)).unwrap();
 }

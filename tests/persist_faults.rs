@@ -21,16 +21,6 @@ use redis_server::RedisServer;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn redis_int(server: &RedisServer, args: &[&str]) -> i64 {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut conn).unwrap()
-}
-
 fn run_id(server: &RedisServer) -> String {
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
@@ -188,8 +178,8 @@ fn a_restore_across_a_redis_restart_loads_every_row() {
 
     assert_eq!(p.snapshot(PATIENCE), Some(n as usize));
     let server = server.lock();
-    assert_eq!(redis_int(&server, &["ZCARD", "{restart}:due"]), n as i64);
-    assert_eq!(redis_int(&server, &["HLEN", "{restart}:tasks"]), n as i64);
+    assert_eq!(server.int(&["ZCARD", "{restart}:due"]), n as i64);
+    assert_eq!(server.int(&["HLEN", "{restart}:tasks"]), n as i64);
 
     // The last thousand by due time: on the restore's last pages.
     let cancelled: HashSet<&String> = ids[ids.len() - 1_000..].iter().collect();
@@ -229,18 +219,18 @@ fn an_engine_writes_everything_back_after_redis_restarts_empty() {
     p.restore(1_000).unwrap();
     schedule_n(&p, "a", 1_000);
     assert!(p.flush(PATIENCE));
-    assert_eq!(redis_int(&server, &["ZCARD", "{empty}:due"]), 1_000);
+    assert_eq!(server.int(&["ZCARD", "{empty}:due"]), 1_000);
 
     server.restart(); // no append-only file: it comes back empty
-    assert_eq!(redis_int(&server, &["EXISTS", "{empty}:due"]), 0);
+    assert_eq!(server.int(&["EXISTS", "{empty}:due"]), 0);
     eventually("the pending set was not written back", || {
-        redis_int(&server, &["ZCARD", "{empty}:due"]) == 1_000
-            && redis_int(&server, &["HLEN", "{empty}:tasks"]) == 1_000
+        server.int(&["ZCARD", "{empty}:due"]) == 1_000
+            && server.int(&["HLEN", "{empty}:tasks"]) == 1_000
     });
     assert!(p.is_writing());
     schedule_n(&p, "b", 10);
     assert!(p.flush(PATIENCE), "no longer writing");
-    assert_eq!(redis_int(&server, &["ZCARD", "{empty}:due"]), 1_010);
+    assert_eq!(server.int(&["ZCARD", "{empty}:due"]), 1_010);
     assert!(p.shutdown().is_empty());
 }
 
@@ -256,7 +246,7 @@ fn before_a_restore_the_tasks_held_are_written_back_as_upserts() {
     // A row another process left in the new server, which a snapshot would delete.
     stored_tasks(&server, "unrestored", 1, now_ms() + 3_600_000);
     eventually("the tasks held were not written back", || {
-        redis_int(&server, &["ZCARD", "{unrestored}:due"]) == 501
+        server.int(&["ZCARD", "{unrestored}:due"]) == 501
     });
     let report = p.restore(100).unwrap();
     assert_eq!(report.loaded, 1);
@@ -278,15 +268,15 @@ fn an_engine_writes_everything_back_when_the_server_changes_with_part_of_the_dat
     // Behind the engine's back, as a lagging replica would lack them.
     for i in 0..100 {
         let id = format!("a:{i}");
-        redis_int(&server, &["ZREM", "{lagged}:due", &id]);
-        redis_int(&server, &["HDEL", "{lagged}:tasks", &id]);
+        server.int(&["ZREM", "{lagged}:due", &id]);
+        server.int(&["HDEL", "{lagged}:tasks", &id]);
     }
     server.restart(); // from its append-only file: the lease and the takes record survive
-    assert_eq!(redis_int(&server, &["ZCARD", "{lagged}:due"]), 900);
-    assert_eq!(redis_int(&server, &["EXISTS", "{lagged}:engine:takes"]), 1);
+    assert_eq!(server.int(&["ZCARD", "{lagged}:due"]), 900);
+    assert_eq!(server.int(&["EXISTS", "{lagged}:engine:takes"]), 1);
     eventually("the missing rows were not written back", || {
-        redis_int(&server, &["ZCARD", "{lagged}:due"]) == 1_000
-            && redis_int(&server, &["HLEN", "{lagged}:tasks"]) == 1_000
+        server.int(&["ZCARD", "{lagged}:due"]) == 1_000
+            && server.int(&["HLEN", "{lagged}:tasks"]) == 1_000
     });
     assert!(p.is_writing());
     p.shutdown();
@@ -321,11 +311,11 @@ fn a_batch_that_meets_a_wrong_typed_due_key_is_taken_back() {
     assert!(!p.flush(Duration::from_millis(500)), "written to a string");
     assert!(execs(&mut conn) > before, "no batch was sent");
     eventually("the batch's envelope stayed in {typed}:tasks", || {
-        redis_int(&server, &["HEXISTS", "{typed}:tasks", "t1"]) == 0
+        server.int(&["HEXISTS", "{typed}:tasks", "t1"]) == 0
     });
-    redis_int(&server, &["DEL", "{typed}:due"]);
+    server.int(&["DEL", "{typed}:due"]);
     assert!(p.flush(PATIENCE));
-    assert_eq!(redis_int(&server, &["ZCARD", "{typed}:due"]), 1);
-    assert_eq!(redis_int(&server, &["HEXISTS", "{typed}:tasks", "t1"]), 1);
+    assert_eq!(server.int(&["ZCARD", "{typed}:due"]), 1);
+    assert_eq!(server.int(&["HEXISTS", "{typed}:tasks", "t1"]), 1);
     p.shutdown();
 }

@@ -120,6 +120,26 @@ impl RedisServer {
             .expect("CLIENT KILL")
     }
 
+    /// Runs one command (`args[0]` and its arguments) on a connection of its own, and returns
+    /// its reply.
+    pub fn run(&self, args: &[&str]) -> redis::Value {
+        let client = redis::Client::open(self.url()).expect("redis URL");
+        let mut conn = client.get_connection().expect("connect to redis-server");
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut conn).expect("a command of the test")
+    }
+
+    /// [`run`](Self::run) for a command whose reply is an integer.
+    pub fn int(&self, args: &[&str]) -> i64 {
+        match self.run(args) {
+            redis::Value::Int(n) => n,
+            other => panic!("{args:?} answered {other:?}"),
+        }
+    }
+
     /// The members of the ZSET `key`.
     pub fn zset_members(&self, key: &str) -> std::collections::HashSet<String> {
         let client = redis::Client::open(self.url()).expect("redis URL");
