@@ -9,12 +9,17 @@
 //! 1. [`wheel`]: the pure data structure. No clock, no threads, no I/O; time is a `u64` tick.
 //!    (Its one system call: on Linux, a key table of 32 MiB or more sized up front by
 //!    `Wheel::with_capacity` asks for transparent huge pages, a hint that changes no data.)
-//! 2. The engine ([`Timer`]): the clock, sharded wheels behind mutexes, a driver thread that
-//!    sleeps until the next deadline, and delivery to a channel, a callback pool or (feature
-//!    `tokio`) futures and streams.
-//! 3. [`redis`] (feature `redis`): persistence of tasks into Redis with restore after a
-//!    restart (`redis::Persistent`), and a delay queue shared by many instances that fire
-//!    from their own wheels (`redis::Producer`, `redis::Consumer`).
+//! 2. `src/engine/`, the engine ([`Timer`]): the clock, sharded wheels behind mutexes, a
+//!    driver thread that sleeps until the next deadline, and delivery to a channel, a callback
+//!    pool or (feature `tokio`) futures and streams ([`sleep`](crate::sleep)).
+//! 3. [`redis`] (feature `redis`): shared parts at its root (the connection, key names, the
+//!    envelope, the wall clock), then one folder per role: `redis/persist/`, persistence of
+//!    tasks into Redis with restore after a restart (`redis::Persistent`), and
+//!    `redis/queue/`, a delay queue shared by many instances that fire from their own wheels
+//!    (`redis::Producer`, `redis::Consumer`).
+//!
+//! `make test` runs `.ci/layers.py`, which fails on an import cycle between files or an import
+//! against this order.
 //!
 //! ```
 //! use delaywheel::wheel::Wheel;
@@ -37,31 +42,20 @@
 
 pub mod wheel;
 
-mod clock;
-mod delivery;
-mod error;
+mod engine;
 #[cfg(feature = "redis")]
 pub mod redis;
-mod shard;
-#[cfg(feature = "tokio")]
-pub mod sleep;
-mod stats;
-#[cfg(feature = "tokio")]
-mod stream;
-mod timer;
-mod wake;
 
-/// The atomics [`wake`] uses: `tests/loom_wake.rs` compiles that file against loom's instead.
-mod sync {
-    pub(crate) use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-}
-
-pub use clock::ManualClock;
-pub use error::{BuildError, ScheduleError};
-pub use stats::{Lateness, Stats};
 #[cfg(feature = "tokio")]
-pub use stream::ExpirationStream;
-pub use timer::{Expiration, Pending, Timer, TimerBuilder, TimerId};
+pub use engine::sleep;
+
+pub use engine::clock::ManualClock;
+pub use engine::error::{BuildError, ScheduleError};
+pub use engine::expiration::{Expiration, Pending, TimerId};
+pub use engine::stats::{Lateness, Stats};
+#[cfg(feature = "tokio")]
+pub use engine::stream::ExpirationStream;
+pub use engine::timer::{Timer, TimerBuilder};
 
 /// The README's examples, compiled and run as doc tests (with the `redis` feature, which its
 /// Redis examples need).

@@ -16,7 +16,7 @@
 
 // The model uses what the engine uses, not every item of the file.
 #[allow(dead_code)]
-#[path = "../src/wake.rs"]
+#[path = "../src/engine/wake.rs"]
 mod wake;
 
 /// loom's atomics, where the engine has std's (`mod sync` in `src/lib.rs`).

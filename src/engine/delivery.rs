@@ -14,7 +14,7 @@ use std::time::Duration;
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex};
 
-use crate::timer::Expiration;
+use super::expiration::Expiration;
 
 /// How long a blocked send waits before looking at the shutdown flag again.
 const SEND_RECHECK: Duration = Duration::from_millis(5);

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use atomic_waker::AtomicWaker;
 
-use crate::delivery::Sink;
-use crate::error::BuildError;
-use crate::timer::{Timer, TimerBuilder, TimerId};
+use super::delivery::Sink;
+use super::error::BuildError;
+use super::expiration::TimerId;
+use super::timer::{Timer, TimerBuilder};
 
 const PENDING: u8 = 0;
 const FIRED: u8 = 1;
@@ -50,7 +51,7 @@ impl Drop for Wakeup {
         {
             // Run wherever the engine's pending timers are dropped (a shutdown, a drop):
             // a panicking waker must not escape there.
-            crate::delivery::contained("a sleep's waker", || self.0.waker.wake());
+            super::delivery::contained("a sleep's waker", || self.0.waker.wake());
         }
     }
 }

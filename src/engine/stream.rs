@@ -9,9 +9,10 @@ use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, TryRecvError};
 use futures_core::Stream;
 
-use crate::delivery::Sink;
-use crate::error::BuildError;
-use crate::timer::{Expiration, Timer, TimerBuilder};
+use super::delivery::Sink;
+use super::error::BuildError;
+use super::expiration::Expiration;
+use super::timer::{Timer, TimerBuilder};
 
 /// The expirations of an engine built with [`TimerBuilder::build_stream`], as a
 /// `futures_core::Stream`. It ends once the engine has shut down and everything delivered has
@@ -68,7 +69,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// returned by [`Timer::shutdown`], as for a dropped channel receiver; those still in the
     /// stream's queue when it was dropped go with it.
     pub fn build_stream(self, bound: usize) -> Result<(Timer<T>, ExpirationStream<T>), BuildError> {
-        let (tx, rx) = crossbeam_channel::bounded(crate::error::capacity(bound)?);
+        let (tx, rx) = crossbeam_channel::bounded(super::error::capacity(bound)?);
         let waker = Arc::new(AtomicWaker::new());
         let timer = self.build_with(Sink::Stream {
             tx,

@@ -104,29 +104,22 @@
 //! stores a new task under that id.
 
 mod blocking;
-mod consumer;
-mod dedup;
 mod envelope;
-mod flusher;
 mod layout;
 mod link;
-mod persistent;
+mod persist;
 mod queue;
-mod scripts;
-mod store;
-mod task_store;
 mod wall_clock;
 
-pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
-pub use dedup::{Begin, Claim, Dedup, DedupError};
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS, MAX_PAYLOAD_DEPTH};
 pub use layout::{KeyLayout, NamespaceError, NamespaceInUse};
-pub use persistent::{
-    now_ms, Durability, Overdue, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
+pub use persist::{
+    Broken, BrokenReason, Cursor, Durability, Lease, Op, Overdue, Page, PersistConfig,
+    PersistError, Persistent, RedisStore, RestoreReport, Row, Rows, StoreError, TaskStore,
+    WhenFull, MAX_PAGE,
 };
 pub use queue::{
-    shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy, When,
+    shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
+    Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy, When,
 };
-pub use store::{Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError, MAX_PAGE};
-pub use task_store::{Cursor, Lease, TaskStore};
-pub use wall_clock::WallClock;
+pub use wall_clock::{now_ms, WallClock};

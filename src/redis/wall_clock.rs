@@ -174,6 +174,11 @@ impl Anchor {
     }
 }
 
+/// Milliseconds since the Unix epoch now, on the system clock (0 if it is before 1970).
+pub fn now_ms() -> u64 {
+    WallClock::system().now_ms()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

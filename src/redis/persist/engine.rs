@@ -32,13 +32,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use super::blocking::{wait_on, OwnedRuntime};
-use super::envelope::{Envelope, EnvelopeError};
-use super::flusher::{flush_loop, Change, Journal};
-use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
-use super::store::{RedisStore, Rows, StoreError};
-use super::task_store::{guarded, Cursor, Lease, TaskStore};
-use super::wall_clock::{micros_since, Anchor, WallClock};
+use crate::redis::blocking::{wait_on, OwnedRuntime};
+use crate::redis::envelope::{Envelope, EnvelopeError};
+use crate::redis::layout::{KeyLayout, NamespaceError, NamespaceInUse};
+use crate::redis::persist::flusher::{flush_loop, Change, Journal};
+use crate::redis::persist::redis_store::{RedisStore, Rows, StoreError};
+use crate::redis::persist::task_store::{guarded, Cursor, Lease, TaskStore};
+use crate::redis::wall_clock::{micros_since, Anchor, WallClock};
 use crate::{BuildError, Timer, TimerId};
 
 /// When a change counts as done.
@@ -152,7 +152,7 @@ impl PersistConfig {
                 "flush_interval, batch and journal_bound must be positive",
             ));
         }
-        crate::error::capacity(self.fired_bound).map_err(PersistError::Build)?;
+        crate::engine::error::capacity(self.fired_bound).map_err(PersistError::Build)?;
         if !(Duration::from_millis(10)..=Duration::from_secs(86_400)).contains(&self.engine_lease) {
             return Err(PersistError::Config(
                 "engine_lease must be between 10 ms and a day",
@@ -214,8 +214,8 @@ pub enum PersistError {
     /// [`Persistent::restore`] after (or interrupted by) [`Persistent::shutdown`]: the tasks
     /// not loaded stay in the store.
     Stopped,
-    /// The namespace is used by a queue ([`Producer`](super::Producer),
-    /// [`Consumer`](super::Consumer)).
+    /// The namespace is used by a queue ([`Producer`](crate::redis::Producer),
+    /// [`Consumer`](crate::redis::Consumer)).
     InUse(NamespaceInUse),
     /// Another engine (named) holds the namespace's writer lease: it did not give it up
     /// within [`PersistConfig::takeover_wait`] (from `start`), or holds it now (from
@@ -260,11 +260,6 @@ impl fmt::Display for PersistError {
 }
 
 impl std::error::Error for PersistError {}
-
-/// Milliseconds since the Unix epoch now, on the system clock (0 if it is before 1970).
-pub fn now_ms() -> u64 {
-    WallClock::system().now_ms()
-}
 
 /// What `restore` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -668,7 +663,7 @@ impl<S: TaskStore> Persistent<S> {
         .map_err(PersistError::InUse)?;
         // Then the writer lease: another engine on the namespace (the old process of a
         // rolling deploy) is waited for, so that the restore reads what it wrote last.
-        let holder = super::layout::instance_name();
+        let holder = crate::redis::layout::instance_name();
         let started = Instant::now();
         let took = {
             let (store, holder, ttl, wait) = (
@@ -1053,7 +1048,7 @@ impl<S: TaskStore> Persistent<S> {
     /// [`PersistError::Stopped`] after
     /// [`shutdown`](Self::shutdown), or when one begins meanwhile (it waits for the restore to
     /// stop at its next page). A `page_size` of 0 is taken as 1, and one above
-    /// [`MAX_PAGE`](super::MAX_PAGE) as that.
+    /// [`MAX_PAGE`](crate::redis::MAX_PAGE) as that.
     ///
     /// Pages of a few thousand restored fastest in `examples/persist_report.rs` (1M tasks:
     /// about 5.1 s with 4 000 against 5.9 s with 1 000, on a slow VM); each page is one Redis
@@ -1077,7 +1072,7 @@ impl<S: TaskStore> Persistent<S> {
                 PersistError::EngineRunning(to)
             });
         }
-        let page_size = page_size.clamp(1, super::store::MAX_PAGE);
+        let page_size = page_size.clamp(1, crate::redis::persist::redis_store::MAX_PAGE);
         let mut restoring = Restoring::begin(&self.inner);
         let mut report = RestoreReport::default();
         let mut overdue = 0u64;
@@ -1668,7 +1663,7 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis::{Broken, Op, Rows};
+    use crate::redis::{now_ms, Broken, Op, Rows};
 
     /// A store that takes every write.
     #[derive(Clone)]

@@ -1,4 +1,4 @@
-//! The write-behind half of [`Persistent`](super::Persistent): the journal that callers record
+//! The write-behind half of [`Persistent`](crate::redis::Persistent): the journal that callers record
 //! their changes into, keyed by task id, and the flusher thread that drains it into the store
 //! in batches, or writes a snapshot of the whole pending set.
 //!
@@ -14,10 +14,10 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::envelope::Envelope;
-use super::persistent::{Entry, Ids, Inner, State, TaskKey};
-use super::store::{Op, StoreError};
-use super::task_store::{guarded, TaskStore};
+use crate::redis::envelope::Envelope;
+use crate::redis::persist::engine::{Entry, Ids, Inner, State, TaskKey};
+use crate::redis::persist::redis_store::{Op, StoreError};
+use crate::redis::persist::task_store::{guarded, TaskStore};
 
 /// A journaled change to one id, turned into a store [`Op`] by the flusher.
 #[derive(Clone, Copy)]

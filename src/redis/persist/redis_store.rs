@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::envelope::{Envelope, MAX_DUE_MS};
-use super::layout::{KeyLayout, NamespaceInUse};
-use super::link::{claim_namespaces, Link, PERSISTENT_ROLE};
-use super::task_store::{Cursor, Lease, TaskStore};
+use crate::redis::envelope::{Envelope, MAX_DUE_MS};
+use crate::redis::layout::{KeyLayout, NamespaceInUse};
+use crate::redis::link::{claim_namespaces, Link, PERSISTENT_ROLE};
+use crate::redis::persist::task_store::{Cursor, Lease, TaskStore};
 
 /// How long a snapshot's scratch keys live if the snapshot never swaps them in (an hour).
 const SCRATCH_TTL_MS: u64 = 3_600_000;
@@ -248,7 +248,7 @@ impl Op {
     }
 }
 
-/// An error of the store's backend (Redis, or another [`TaskStore`](super::TaskStore)).
+/// An error of the store's backend (Redis, or another [`TaskStore`](crate::redis::TaskStore)).
 #[derive(Debug)]
 pub struct StoreError {
     source: Box<dyn std::error::Error + Send + Sync>,
@@ -264,9 +264,9 @@ impl StoreError {
         }
     }
 
-    /// The error a [`TaskStore::rows`](super::TaskStore::rows) returns for a cursor it can no
+    /// The error a [`TaskStore::rows`](crate::redis::TaskStore::rows) returns for a cursor it can no
     /// longer continue from (`why`: its server restarted or failed over, say): the caller
-    /// starts the scan again from [`Cursor::start`](super::Cursor::start).
+    /// starts the scan again from [`Cursor::start`](crate::redis::Cursor::start).
     pub fn cursor_lost(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
         StoreError {
             source: why.into(),
@@ -671,7 +671,7 @@ impl RedisStore {
                 .ignore();
         }
         match pipe.query_async::<()>(&mut conn).await {
-            Err(e) if super::link::wrong_type(&e) => {
+            Err(e) if crate::redis::link::wrong_type(&e) => {
                 let ids: Vec<&str> = ops
                     .iter()
                     .filter_map(|op| match op {
@@ -811,7 +811,7 @@ impl RedisStore {
         if unreadable.is_empty() {
             return Ok(rows);
         }
-        let now_ms = super::persistent::now_ms();
+        let now_ms = crate::redis::wall_clock::now_ms();
         let entries: Vec<(&[u8], String)> = unreadable
             .iter()
             .map(|u| {
@@ -848,7 +848,7 @@ impl RedisStore {
                 .invoke_async::<(String, Vec<Vec<u8>>, Vec<Option<Vec<u8>>>)>(&mut conn)
                 .await
             {
-                Err(e) if tries < READ_TRIES && super::link::passing(&e) => {
+                Err(e) if tries < READ_TRIES && crate::redis::link::passing(&e) => {
                     tracing::debug!(error = %e, "a page read failed; sending it again");
                     tokio::time::sleep(Duration::from_millis(50) * tries).await;
                     tries += 1;
@@ -985,7 +985,7 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Claims the namespace for [`Persistent`](super::Persistent) (its `{ns}:kind` key):
+    /// Claims the namespace for [`Persistent`](crate::redis::Persistent) (its `{ns}:kind` key):
     /// refused if a queue uses it.
     pub(crate) async fn claim(&self) -> Result<(), NamespaceInUse> {
         claim_namespaces(&self.conn, [&self.keys], PERSISTENT_ROLE).await

@@ -1,4 +1,4 @@
-//! The store behind [`Persistent`](super::Persistent): a small trait, so that a backend other
+//! The store behind [`Persistent`](crate::redis::Persistent): a small trait, so that a backend other
 //! than Redis (PostgreSQL, say) can be added without touching the engine.
 //!
 //! The engine calls it from its flusher (up to four `apply` calls in flight at once, each
@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use super::layout::NamespaceInUse;
-use super::store::{Broken, Op, Rows, StoreError};
+use crate::redis::layout::NamespaceInUse;
+use crate::redis::persist::redis_store::{Broken, Op, Rows, StoreError};
 
 /// Where a paged read of a store ([`TaskStore::rows`]) goes on: opaque bytes that only the
 /// store that made them reads (a position in its order, and whatever it needs to tell that the
-/// position still means the same thing: [`RedisStore`](super::RedisStore) keeps the server's
+/// position still means the same thing: [`RedisStore`](crate::redis::RedisStore) keeps the server's
 /// `run_id`, the due time and the id of the last row read). Empty bytes are the start.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Cursor(Vec<u8>);
@@ -43,9 +43,9 @@ impl Cursor {
     }
 }
 
-/// Where a [`Persistent`](super::Persistent) engine keeps its pending tasks.
+/// Where a [`Persistent`](crate::redis::Persistent) engine keeps its pending tasks.
 ///
-/// [`RedisStore`](super::RedisStore) is the implementation this crate ships.
+/// [`RedisStore`](crate::redis::RedisStore) is the implementation this crate ships.
 pub trait TaskStore: Clone + Send + Sync + 'static {
     /// Applies a batch of changes atomically. When an id appears more than once, its last
     /// operation wins. Applying the same batch twice must leave the same state (the flusher
@@ -84,11 +84,11 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// atomically: a reader sees the old set or the new one, never a mix.
     fn replace_all(&self, tasks: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Claims the store's key space for a [`Persistent`](super::Persistent) engine, once, as it
-    /// starts ([`Persistent::start`](super::Persistent::start) and
-    /// [`with_store`](super::Persistent::with_store)): refused with [`NamespaceInUse`] when
+    /// Claims the store's key space for a [`Persistent`](crate::redis::Persistent) engine, once, as it
+    /// starts ([`Persistent::start`](crate::redis::Persistent::start) and
+    /// [`with_store`](crate::redis::Persistent::with_store)): refused with [`NamespaceInUse`] when
     /// another role (a queue) uses it, and the engine does not start. The default claims
-    /// nothing; [`RedisStore`](super::RedisStore) claims its namespace's `{ns}:kind` key.
+    /// nothing; [`RedisStore`](crate::redis::RedisStore) claims its namespace's `{ns}:kind` key.
     fn claim(&self) -> impl Future<Output = Result<(), NamespaceInUse>> + Send {
         std::future::ready(Ok(()))
     }
@@ -96,7 +96,7 @@ pub trait TaskStore: Clone + Send + Sync + 'static {
     /// Takes or renews the store's writer lease for the engine named `holder`, for `ttl`. An
     /// engine writes only while it holds the lease, so that two engines on one store (a
     /// rolling deploy) take turns instead of overwriting each other (see
-    /// [`PersistConfig::engine_lease`](super::PersistConfig::engine_lease)). When the
+    /// [`PersistConfig::engine_lease`](crate::redis::PersistConfig::engine_lease)). When the
     /// lease is free, it is taken if `first` (this engine never held it) or if this engine was
     /// the last to take it; otherwise another engine held it meanwhile, and may have
     /// written: the answer is [`Lease::Other`] naming it. A store that lost its data since
@@ -158,7 +158,7 @@ pub(super) async fn guarded<T>(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a non-string panic".into());
             tracing::error!(call = what, panic = %message, "a store call panicked");
-            crate::delivery::forget_panic(panic);
+            crate::engine::delivery::forget_panic(panic);
             Err(StoreError::new(format!("store {what} panicked: {message}")))
         }
     }

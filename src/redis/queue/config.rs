@@ -1,5 +1,5 @@
 //! The shared delay queue: its settings, its shards, and the producer side (enqueue, cancel,
-//! the dead-letter store). The consumer side is in [`consumer`](super::Consumer).
+//! the dead-letter store). The consumer side is in [`consumer`](crate::redis::Consumer).
 //!
 //! A logical queue is split over `shards` key sets, each with its own hash tag
 //! (`{ns}` for one shard, `{ns:0}`, `{ns:1}`, ... for more), chosen by a hash of the task id,
@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::envelope::{Envelope, EnvelopeError};
-use super::layout::{KeyLayout, NamespaceError, NamespaceInUse};
-use super::link::{claim_namespaces, Link, QUEUE_ROLE};
-use super::persistent::now_ms;
-use super::scripts;
-use super::store::StoreError;
-use super::wall_clock::since_epoch;
+use crate::redis::envelope::{Envelope, EnvelopeError};
+use crate::redis::layout::{KeyLayout, NamespaceError, NamespaceInUse};
+use crate::redis::link::{claim_namespaces, Link, QUEUE_ROLE};
+use crate::redis::persist::redis_store::StoreError;
+use crate::redis::queue::scripts;
+use crate::redis::wall_clock::now_ms;
+use crate::redis::wall_clock::since_epoch;
 
 /// How long to wait before the next attempt of a failed task.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -364,7 +364,7 @@ pub enum QueueError {
     /// The consumer could not start its threads.
     Spawn(String),
     /// The namespace (or one of its shards' key sets) is used by a
-    /// [`Persistent`](super::Persistent) engine.
+    /// [`Persistent`](crate::redis::Persistent) engine.
     InUse(NamespaceInUse),
 }
 
@@ -403,9 +403,9 @@ impl From<redis::RedisError> for QueueError {
 pub enum When {
     /// At this time, ms since the Unix epoch.
     At(u64),
-    /// After this delay from now. A due time past [`MAX_DUE_MS`](super::MAX_DUE_MS) (2^53 ms
+    /// After this delay from now. A due time past [`MAX_DUE_MS`](crate::redis::MAX_DUE_MS) (2^53 ms
     /// since the epoch, some 285 000 years) is refused at enqueue with
-    /// [`EnvelopeError::DueTooLate`](super::EnvelopeError::DueTooLate), envelope handed back.
+    /// [`EnvelopeError::DueTooLate`](crate::redis::EnvelopeError::DueTooLate), envelope handed back.
     After(Duration),
 }
 
@@ -454,7 +454,7 @@ pub(crate) struct Conn {
 impl Conn {
     /// Connects to `cfg.cluster_nodes` as a cluster when there are any, else to `cfg.url`,
     /// loads the scripts, and claims the key sets of `shards` for the queue: one a
-    /// [`Persistent`](super::Persistent) engine uses is refused with [`QueueError::InUse`].
+    /// [`Persistent`](crate::redis::Persistent) engine uses is refused with [`QueueError::InUse`].
     pub(crate) async fn open(cfg: &QueueConfig, shards: &[KeyLayout]) -> Result<Conn, QueueError> {
         let conn = Conn {
             conn: Link::open(&cfg.url, &cfg.cluster_nodes).await?,

@@ -12,9 +12,9 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use super::layout::{KeyLayout, NamespaceError};
-use super::link::Link;
-use super::store::StoreError;
+use crate::redis::layout::{KeyLayout, NamespaceError};
+use crate::redis::link::Link;
+use crate::redis::persist::redis_store::StoreError;
 
 /// What [`Dedup::begin`] found for a task id.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The Lua scripts of the shared delay queue. Each runs atomically on the shard's keys, which
 //! share one hash tag, so they are valid on a Redis Cluster.
 //!
-//! Keys of a shard (see [`KeyLayout`](super::KeyLayout)): `due` (ZSET id → due ms, queued),
+//! Keys of a shard (see [`KeyLayout`](crate::redis::KeyLayout)): `due` (ZSET id → due ms, queued),
 //! `tasks` (HASH id → envelope), `lease` (ZSET id → lease deadline ms, claimed), `owner` (HASH
 //! id → `consumer|token`), `fence` (counter of claim tokens), `dead` (HASH id → record),
 //! `unpaired` (HASH id → when, on Redis's clock, a claim or a sweep first saw the id with half
@@ -50,7 +50,7 @@ use redis::Script;
 /// queue entry (another client's task half written, or left behind) is written over. A task
 /// stored starts with no lease expiries (a count left by an older consumer that did not clear
 /// it, or by a replaced task, is forgotten). The text is public for producers in other
-/// languages ([`Producer::ENQUEUE_SCRIPT`](super::Producer::ENQUEUE_SCRIPT)).
+/// languages ([`Producer::ENQUEUE_SCRIPT`](crate::redis::Producer::ENQUEUE_SCRIPT)).
 pub(crate) const ENQUEUE_LUA: &str = r"
 local stored = redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
 local pending = stored and (redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZSCORE', KEYS[3], ARGV[1]))
@@ -480,7 +480,7 @@ pub(crate) static ALL: [&LazyLock<Script>; 11] = [
 
 /// The tests' private `redis-server` (shared with the integration tests).
 #[cfg(test)]
-#[path = "../../tests/support/redis_server.rs"]
+#[path = "../../../tests/support/redis_server.rs"]
 #[allow(unreachable_pub, dead_code)]
 mod redis_server;
 

@@ -16,7 +16,7 @@
 //!   to the resolver task, which batches acks and writes each shard's calls as tasks of their
 //!   own, so a shard whose node hangs holds back no other shard's.
 //! * Delivery is at-least-once: a crash or an expired lease can fire a task twice. Handlers
-//!   are idempotent (see [`Dedup`](super::Dedup)).
+//!   are idempotent (see [`Dedup`](crate::redis::Dedup)).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -30,14 +30,14 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::blocking::{wait_on, OwnedRuntime};
-use super::envelope::{Envelope, MAX_DUE_MS};
-use super::layout::KeyLayout;
-use super::persistent::now_ms;
-use super::queue::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
-use super::scripts;
-use super::store::StoreError;
-use super::wall_clock::{micros_since, since_epoch};
+use crate::redis::blocking::{wait_on, OwnedRuntime};
+use crate::redis::envelope::{Envelope, MAX_DUE_MS};
+use crate::redis::layout::KeyLayout;
+use crate::redis::persist::redis_store::StoreError;
+use crate::redis::queue::config::{dead_record, sample_depth, Conn, QueueConfig, QueueError};
+use crate::redis::queue::scripts;
+use crate::redis::wall_clock::now_ms;
+use crate::redis::wall_clock::{micros_since, since_epoch};
 use crate::{Timer, TimerId};
 
 /// Outcomes of fired tasks waiting for the resolver, at most.
@@ -99,7 +99,7 @@ pub struct QueueStats {
     /// Expired leases this consumer's reaper returned to the queue.
     pub recovered: u64,
     /// Claimed tasks handed back: at shutdown, or while every handler thread was stuck (see
-    /// [`QueueConfig::handler_stall`](super::QueueConfig::handler_stall)).
+    /// [`QueueConfig::handler_stall`](crate::redis::QueueConfig::handler_stall)).
     pub given_back: u64,
     /// Leases extended because their task was still being worked on.
     pub renewed: u64,
@@ -238,10 +238,10 @@ struct Shared {
 /// handler threads are all stuck (below), or the task is enqueued again with `replace` while claimed
 /// (the old copy's ack is then refused). A task cancelled by a producer while a consumer holds
 /// it still fires there, at its old due time (its ack is then refused). Handlers are to be
-/// idempotent ([`Dedup`](super::Dedup) helps).
+/// idempotent ([`Dedup`](crate::redis::Dedup) helps).
 ///
 /// A consumer whose handler threads are all stuck (each running one handler for
-/// [`handler_stall`](super::QueueConfig::handler_stall), none finished) hands the tasks it
+/// [`handler_stall`](crate::redis::QueueConfig::handler_stall), none finished) hands the tasks it
 /// holds back to the queue and stops claiming until a thread is free: they fire elsewhere, on
 /// time, rather than wait behind the stuck handlers. The stuck handlers' own tasks stay, their
 /// leases renewed while they run.
@@ -295,7 +295,7 @@ impl Consumer {
         let id = cfg
             .consumer_id
             .clone()
-            .unwrap_or_else(super::layout::instance_name);
+            .unwrap_or_else(crate::redis::layout::instance_name);
         let mut claim_from = cfg
             .assigned_shards
             .clone()
@@ -649,7 +649,9 @@ async fn hand_back(
                             given += n as usize;
                             break;
                         }
-                        Ok(Err(e)) if super::link::passing(&e) && remaining(deadline) > wait => {
+                        Ok(Err(e))
+                            if crate::redis::link::passing(&e) && remaining(deadline) > wait =>
+                        {
                             tracing::debug!(error = %e, shard, "hand-back failed; trying again");
                             tokio::time::sleep(wait).await;
                             wait = (wait * 2).min(Duration::from_millis(200));
@@ -713,7 +715,7 @@ fn fire(shared: &Shared, c: Claimed) {
         }))
         .unwrap_or_else(|payload| {
             // Its drop may panic too; out of this thread, the task's outcome would be lost.
-            crate::delivery::forget_panic(payload);
+            crate::engine::delivery::forget_panic(payload);
             Err("handler panicked (or its error's Display or Drop did)".into())
         }),
         None => Err(format!("unknown topic: {}", c.envelope.topic)),
@@ -1619,7 +1621,7 @@ fn finished(
                     let mut ran = true;
                     if let Some(Done::Acks(Err(e))) = failed {
                         tracing::debug!(error = %e, shard, "ack failed; kept for the next round");
-                        ran = super::link::may_have_run(&e);
+                        ran = crate::redis::link::may_have_run(&e);
                     }
                     // The task has ended, so this is the last reference.
                     let batch = Arc::try_unwrap(batch).unwrap_or_else(|b| (*b).clone());
@@ -1757,7 +1759,7 @@ async fn write_outcome(shared: Arc<Shared>, o: Outcome) -> Done {
                 failures = failures.saturating_add(1);
                 // Codes the redis crate does not know, which a server answers while it is
                 // busy or short of something for a while, count as passing too.
-                let transient = super::link::passing(&e)
+                let transient = crate::redis::link::passing(&e)
                     || matches!(
                         e.code(),
                         Some("BUSY" | "MISCONF" | "NOREPLICAS" | "OOM" | "LOADING" | "TRYAGAIN")
