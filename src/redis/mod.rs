@@ -109,17 +109,18 @@ mod layout;
 mod link;
 mod persist;
 mod queue;
+mod store_error;
 mod wall_clock;
 
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS, MAX_PAYLOAD_DEPTH};
 pub use layout::{KeyLayout, NamespaceError, NamespaceInUse};
 pub use persist::{
     Broken, BrokenReason, Cursor, Durability, Lease, Op, Overdue, Page, PersistConfig,
-    PersistError, Persistent, RedisStore, RestoreReport, Row, Rows, StoreError, TaskStore,
-    WhenFull, MAX_PAGE,
+    PersistError, Persistent, RedisStore, RestoreReport, Row, Rows, TaskStore, WhenFull, MAX_PAGE,
 };
 pub use queue::{
     shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
     Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy, When,
 };
+pub use store_error::StoreError;
 pub use wall_clock::{now_ms, WallClock};

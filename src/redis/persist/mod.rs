@@ -1,23 +1,34 @@
 //! The persistence role: [`Persistent`], an engine whose pending tasks survive a restart.
 //!
-//! * [`engine`]: the engine itself (schedule, cancel, ack, flush, snapshot, shutdown) and the
-//!   callback that delivers fired tasks.
-//! * [`flusher`]: the journal of changes and the write-behind flusher thread that drains it.
-//! * [`task_store`]: the [`TaskStore`] trait a backend implements, and its types;
+//! * [`engine`]: the engine itself (start, schedule, cancel, ack, flush, snapshot, shutdown)
+//!   and the callback that delivers fired tasks; [`restore`]: its restore; [`config`]: its
+//!   settings and errors.
+//! * [`index`]: the tasks held; [`journal`]: the changes not yet written; [`state`]: both
+//!   under one mutex, and what the threads share.
+//! * [`flusher`]: the write-behind thread that drains the journal; [`lease`]: the writer
+//!   lease, taken at start and renewed by a loop.
+//! * [`task_store`]: the [`TaskStore`] trait a backend implements; [`rows`]: the changes and
+//!   rows that pass through it;
 //!   [`redis_store`]: [`RedisStore`], the Redis backend, with its Lua scripts.
 //!
-//! Dependencies point one way: the engine uses the flusher, both use the store trait, and the
-//! Redis store implements it; nothing here uses the queue.
+//! Dependencies point one way, from the engine down: engine and restore, then flusher and
+//! lease, state, journal, index, config, and the store trait and rows that the Redis store
+//! implements. Nothing here uses the queue.
 
+pub(crate) mod config;
 pub(crate) mod engine;
 pub(crate) mod flusher;
+pub(crate) mod index;
+pub(crate) mod journal;
+pub(crate) mod lease;
 pub(crate) mod redis_store;
+pub(crate) mod restore;
+pub(crate) mod rows;
+pub(crate) mod state;
 pub(crate) mod task_store;
 
-pub use engine::{
-    Durability, Overdue, PersistConfig, PersistError, Persistent, RestoreReport, WhenFull,
-};
-pub use redis_store::{
-    Broken, BrokenReason, Op, Page, RedisStore, Row, Rows, StoreError, MAX_PAGE,
-};
-pub use task_store::{Cursor, Lease, TaskStore};
+pub use config::{Durability, Overdue, PersistConfig, PersistError, RestoreReport, WhenFull};
+pub use engine::Persistent;
+pub use redis_store::{RedisStore, MAX_PAGE};
+pub use rows::{Broken, BrokenReason, Cursor, Op, Page, Row, Rows};
+pub use task_store::{Lease, TaskStore};

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::redis::envelope::{Envelope, MAX_DUE_MS};
 use crate::redis::layout::{KeyLayout, NamespaceInUse};
 use crate::redis::link::{claim_namespaces, Link, PERSISTENT_ROLE};
-use crate::redis::persist::task_store::{Cursor, Lease, TaskStore};
+use crate::redis::persist::rows::{Broken, BrokenReason, Cursor, Op, Page, Row, Rows};
+use crate::redis::persist::task_store::{Lease, TaskStore};
+use crate::redis::store_error::StoreError;
 
 /// How long a snapshot's scratch keys live if the snapshot never swaps them in (an hour).
 const SCRATCH_TTL_MS: u64 = 3_600_000;
@@ -222,228 +223,6 @@ return buried
 ",
     )
 });
-
-/// One change to the stored set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
-    /// Store (or replace) a task: its id, due time and encoded envelope.
-    Upsert {
-        /// The task id.
-        id: String,
-        /// The due time, ms since the Unix epoch (at most 2^53 − 1).
-        due_at: u64,
-        /// The encoded [`Envelope`].
-        envelope: Vec<u8>,
-    },
-    /// Remove a task (cancelled, or fired and acknowledged).
-    Remove(String),
-}
-
-impl Op {
-    /// The task id the operation is about.
-    pub(crate) fn id(&self) -> &str {
-        match self {
-            Op::Upsert { id, .. } | Op::Remove(id) => id,
-        }
-    }
-}
-
-/// An error of the store's backend (Redis, or another [`TaskStore`](crate::redis::TaskStore)).
-#[derive(Debug)]
-pub struct StoreError {
-    source: Box<dyn std::error::Error + Send + Sync>,
-    cursor_lost: bool,
-}
-
-impl StoreError {
-    /// Wraps a backend's error.
-    pub fn new(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
-        StoreError {
-            source: e.into(),
-            cursor_lost: false,
-        }
-    }
-
-    /// The error a [`TaskStore::rows`](crate::redis::TaskStore::rows) returns for a cursor it can no
-    /// longer continue from (`why`: its server restarted or failed over, say): the caller
-    /// starts the scan again from [`Cursor::start`](crate::redis::Cursor::start).
-    pub fn cursor_lost(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
-        StoreError {
-            source: why.into(),
-            cursor_lost: true,
-        }
-    }
-
-    /// Whether this is a [`cursor_lost`](Self::cursor_lost) error.
-    pub fn is_cursor_lost(&self) -> bool {
-        self.cursor_lost
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.cursor_lost {
-            write!(f, "store: scan cursor lost: {}", self.source)
-        } else {
-            write!(f, "store: {}", self.source)
-        }
-    }
-}
-
-impl std::error::Error for StoreError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.source)
-    }
-}
-
-impl From<redis::RedisError> for StoreError {
-    fn from(e: redis::RedisError) -> Self {
-        StoreError::new(e)
-    }
-}
-
-/// Why a stored entry could not be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BrokenReason {
-    /// The ZSET names the id but the HASH has no envelope for it.
-    MissingEnvelope,
-    /// The envelope is not valid JSON of an [`Envelope`].
-    Undecodable(String),
-    /// The score is not an integer time in `0..=2^53 − 1` ms.
-    BadScore(String),
-    /// The envelope names another id (given here) than the entry it is stored under.
-    IdMismatch(String),
-    /// The id is empty (which `schedule` refuses; another client wrote it).
-    EmptyId,
-}
-
-impl fmt::Display for BrokenReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BrokenReason::MissingEnvelope => f.write_str("no envelope in the tasks hash"),
-            BrokenReason::Undecodable(e) => write!(f, "undecodable envelope: {e}"),
-            BrokenReason::BadScore(s) => write!(f, "score {s} is not a valid due time"),
-            BrokenReason::IdMismatch(other) => write!(f, "the envelope names id {other:?}"),
-            BrokenReason::EmptyId => f.write_str("the id is empty"),
-        }
-    }
-}
-
-/// A stored entry that could not be used, with what was found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Broken {
-    /// The ZSET member.
-    pub id: String,
-    /// The raw envelope bytes, if any.
-    pub raw: Option<Vec<u8>>,
-    /// What is wrong with it.
-    pub reason: BrokenReason,
-}
-
-/// One stored task as a store holds it, before it is decoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Row {
-    /// The task id.
-    pub id: String,
-    /// The due time as stored (a Redis score, a column): an integer of ms since the epoch.
-    pub due: String,
-    /// The encoded envelope, or `None` when the store has no envelope for the id.
-    pub envelope: Option<Vec<u8>>,
-}
-
-/// One page of stored rows, and where to continue (`None`: done).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Rows {
-    /// The cursor for the next page; `None` when the scan is complete.
-    pub next: Option<Cursor>,
-    /// The rows.
-    pub rows: Vec<Row>,
-    /// Entries of this page the store moved to its dead letters itself, because it cannot
-    /// hand them out as rows (for Redis: ZSET members that are not UTF-8, which only another
-    /// client writes).
-    pub set_aside: usize,
-}
-
-impl Rows {
-    /// A page script's rows (`member, score, ...`) and envelopes, as rows. Members that are not
-    /// UTF-8 are returned apart, with their envelopes.
-    fn zip(
-        next: Option<Cursor>,
-        flat: Vec<Vec<u8>>,
-        envelopes: Vec<Option<Vec<u8>>>,
-    ) -> (Rows, Vec<Unreadable>) {
-        let mut rows = Rows {
-            next,
-            rows: Vec::with_capacity(envelopes.len()),
-            set_aside: 0,
-        };
-        let mut unreadable = Vec::new();
-        let mut flat = flat.into_iter();
-        for envelope in envelopes {
-            let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
-                break;
-            };
-            // A score is ASCII; lossy only for a reply that is not a score at all, which the
-            // classification then refuses.
-            let due = String::from_utf8_lossy(&due).into_owned();
-            match String::from_utf8(id) {
-                Ok(id) => rows.rows.push(Row { id, due, envelope }),
-                Err(e) => unreadable.push(Unreadable {
-                    member: e.into_bytes(),
-                    envelope,
-                }),
-            }
-        }
-        (rows, unreadable)
-    }
-
-    /// Decodes the rows, sorting out those with no envelope, an undecodable one, one that
-    /// names another id, an empty id, or a due time that is not an integer in
-    /// `0..=2^53 − 1`. The stored due time is authoritative.
-    pub fn classify(self) -> Page {
-        let mut page = Page {
-            next: self.next,
-            ..Page::default()
-        };
-        for Row { id, due, envelope } in self.rows {
-            let due_ms = due
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.fract() == 0.0 && *s >= 0.0 && *s <= MAX_DUE_MS as f64);
-            let reason = match (due_ms, &envelope) {
-                (None, _) => BrokenReason::BadScore(due),
-                (Some(_), None) => BrokenReason::MissingEnvelope,
-                (Some(due_ms), Some(bytes)) => match Envelope::decode(bytes) {
-                    Ok(env) if env.id != id => BrokenReason::IdMismatch(env.id),
-                    Ok(_) if id.is_empty() => BrokenReason::EmptyId,
-                    Ok(mut env) => {
-                        env.due_at = due_ms as u64;
-                        page.tasks.push(env);
-                        continue;
-                    }
-                    Err(e) => BrokenReason::Undecodable(e.to_string()),
-                },
-            };
-            page.broken.push(Broken {
-                id,
-                raw: envelope,
-                reason,
-            });
-        }
-        page
-    }
-}
-
-/// One page of a scan: usable tasks, broken entries, and where to continue (`None`: done).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Page {
-    /// The cursor for the next page; `None` when the scan is complete.
-    pub next: Option<Cursor>,
-    /// Tasks whose envelope and score are valid (the score is authoritative for `due_at`).
-    pub tasks: Vec<Envelope>,
-    /// Entries that are not.
-    pub broken: Vec<Broken>,
-}
 
 /// The most entries a page of a restore reads (a larger page size is taken as this): a
 /// Redis command runs whole while other clients wait, and Redis refuses a `COUNT` past
@@ -798,7 +577,7 @@ impl RedisStore {
             }
             cursor
         });
-        self.set_aside(Rows::zip(next, flat, envelopes)).await
+        self.set_aside(zip_rows(next, flat, envelopes)).await
     }
 
     /// Moves members that are not UTF-8 to the dead-letter hash (under the same bytes), as
@@ -1098,6 +877,38 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// A page script's rows (`member, score, ...`) and envelopes, as rows. Members that are not
+/// UTF-8 are returned apart, with their envelopes.
+fn zip_rows(
+    next: Option<Cursor>,
+    flat: Vec<Vec<u8>>,
+    envelopes: Vec<Option<Vec<u8>>>,
+) -> (Rows, Vec<Unreadable>) {
+    let mut rows = Rows {
+        next,
+        rows: Vec::with_capacity(envelopes.len()),
+        set_aside: 0,
+    };
+    let mut unreadable = Vec::new();
+    let mut flat = flat.into_iter();
+    for envelope in envelopes {
+        let (Some(id), Some(due)) = (flat.next(), flat.next()) else {
+            break;
+        };
+        // A score is ASCII; lossy only for a reply that is not a score at all, which the
+        // classification then refuses.
+        let due = String::from_utf8_lossy(&due).into_owned();
+        match String::from_utf8(id) {
+            Ok(id) => rows.rows.push(Row { id, due, envelope }),
+            Err(e) => unreadable.push(Unreadable {
+                member: e.into_bytes(),
+                envelope,
+            }),
+        }
+    }
+    (rows, unreadable)
 }
 
 /// A dead-letter record: the reason, the raw envelope (`raw` as text when it is UTF-8, else

@@ -12,36 +12,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 
 use crate::redis::layout::NamespaceInUse;
-use crate::redis::persist::redis_store::{Broken, Op, Rows, StoreError};
-
-/// Where a paged read of a store ([`TaskStore::rows`]) goes on: opaque bytes that only the
-/// store that made them reads (a position in its order, and whatever it needs to tell that the
-/// position still means the same thing: [`RedisStore`](crate::redis::RedisStore) keeps the server's
-/// `run_id`, the due time and the id of the last row read). Empty bytes are the start.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Cursor(Vec<u8>);
-
-impl Cursor {
-    /// The start of a scan.
-    pub const fn start() -> Cursor {
-        Cursor(Vec::new())
-    }
-
-    /// A store's position, as it encodes it (empty bytes are the start).
-    pub fn new(bytes: impl Into<Vec<u8>>) -> Cursor {
-        Cursor(bytes.into())
-    }
-
-    /// Whether this is the start of a scan.
-    pub fn is_start(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The position's bytes, for the store that made them.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
+use crate::redis::persist::rows::{Broken, Cursor, Op, Rows};
+use crate::redis::store_error::StoreError;
 
 /// Where a [`Persistent`](crate::redis::Persistent) engine keeps its pending tasks.
 ///

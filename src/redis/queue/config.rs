@@ -13,8 +13,8 @@ use std::time::Duration;
 use crate::redis::envelope::{Envelope, EnvelopeError};
 use crate::redis::layout::{KeyLayout, NamespaceError, NamespaceInUse};
 use crate::redis::link::{claim_namespaces, Link, QUEUE_ROLE};
-use crate::redis::persist::redis_store::StoreError;
 use crate::redis::queue::scripts;
+use crate::redis::store_error::StoreError;
 use crate::redis::wall_clock::now_ms;
 use crate::redis::wall_clock::since_epoch;
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::redis::layout::{KeyLayout, NamespaceError};
 use crate::redis::link::Link;
-use crate::redis::persist::redis_store::StoreError;
+use crate::redis::store_error::StoreError;
 
 /// What [`Dedup::begin`] found for a task id.
 #[derive(Debug, Clone, PartialEq, Eq)]
