@@ -18,211 +18,37 @@ use crate::redis::store_error::StoreError;
 /// How long a snapshot's scratch keys live if the snapshot never swaps them in (an hour).
 const SCRATCH_TTL_MS: u64 = 3_600_000;
 
-/// KEYS: scratch due, scratch tasks, due, tasks, the engine lease. ARGV: holder (empty: no
-/// check). Renames both scratch keys over the live ones, or (returning 0) changes nothing when
-/// either is missing; refuses (`NOTHELD`) unless the lease is the holder's.
-static SWAP_IN: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(&format!(
-        r"{FENCE}
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
-redis.call('RENAME', KEYS[1], KEYS[3])
-redis.call('RENAME', KEYS[2], KEYS[4])
-redis.call('PERSIST', KEYS[3])
-redis.call('PERSIST', KEYS[4])
-return 1
-"
-    ))
-});
+/// `lua/swap_in.lua`: its header gives its keys, arguments and reply.
+static SWAP_IN: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/swap_in.lua")));
 
-/// KEYS: the engine lease, its record of takes. ARGV: holder, ttl (ms), `1` if the holder
-/// never held the lease. Renews the lease (PEXPIRE, which a Redis at `maxmemory` still runs)
-/// if the holder has it. Takes it if it is free and either the holder never held it or the
-/// last engine to take it was the holder (nobody else may have written since); the record
-/// (`<count> <holder>`) then names the holder. A free lease with no record at all, asked for
-/// by a holder that held it before, means Redis lost the namespace (restarted empty, a flush):
-/// taken, and answered `reset`. Answers `{'held', run_id}`, `{'reset', run_id}` or
-/// `{'other', name, run_id}`, with the server's `run_id`.
-static LEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
-        &(RUN_ID.to_owned()
-            + r"
-local held = redis.call('GET', KEYS[1])
-if held == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {'held', run_id}
-end
-if held then return {'other', held, run_id} end
-local record = redis.call('GET', KEYS[2])
-local count, taker = string.match(record or '', '^(%d+) (.*)$')
-if ARGV[3] ~= '1' and record and taker ~= ARGV[1] then
-  return {'other', taker or 'an engine whose take is not on record', run_id}
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], tostring((tonumber(count) or 0) + 1) .. ' ' .. ARGV[1])
-if ARGV[3] ~= '1' and not record then return {'reset', run_id} end
-return {'held', run_id}
-"),
-    )
-});
+/// `lua/lease.lua`: its header gives its keys, arguments and reply.
+static LEASE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/lease.lua")));
 
-/// KEYS: due, tasks. ARGV: the ids a batch wrote. When one of the keys holds the wrong type
-/// (the batch's MULTI failed on it), removes the ids from the other, which took them, so no
-/// half of the batch stays. Returns the two keys' types.
-static UNDO_HALF_APPLIED: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
-        r"
-local due = redis.call('TYPE', KEYS[1])['ok']
-local tasks = redis.call('TYPE', KEYS[2])['ok']
-local due_ok = due == 'zset' or due == 'none'
-local tasks_ok = tasks == 'hash' or tasks == 'none'
-for i = 1, #ARGV, 1000 do
-  local j = math.min(i + 999, #ARGV)
-  if due_ok and not tasks_ok then redis.call('ZREM', KEYS[1], unpack(ARGV, i, j)) end
-  if tasks_ok and not due_ok then redis.call('HDEL', KEYS[2], unpack(ARGV, i, j)) end
-end
-return {due, tasks}
-",
-    )
-});
+/// `lua/undo_half_applied.lua`: its header gives its keys, arguments and reply.
+static UNDO_HALF_APPLIED: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/undo_half_applied.lua")));
 
-/// KEYS: the engine lease. ARGV: holder. Deletes the lease if `holder` has it.
-static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-",
-    )
-});
+/// `lua/release.lua`: its header gives its keys, arguments and reply.
+static RELEASE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/release.lua")));
 
-/// The check that opens every script that writes for an engine: with a holder given (ARGV[1]
-/// not empty), the lease (the script's last key) must be that holder's, or the script writes
-/// nothing.
-const FENCE: &str = r"
-if ARGV[1] ~= '' and redis.call('GET', KEYS[#KEYS]) ~= ARGV[1] then
-  return redis.error_reply('NOTHELD this engine does not hold the namespace lease')
-end
-";
+/// `lua/page.lua`: its header gives its keys, arguments and reply.
+static PAGE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/page.lua")));
 
-/// Lua: `run_id`, the identity of the server running the script (a new one after every
-/// restart, and on each node of a failover). Redis 7 replicates a script's effects, so reading
-/// INFO in it is allowed.
-const RUN_ID: &str =
-    "local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
-";
+/// `lua/clear.lua`: its header gives its keys, arguments and reply.
+static CLEAR: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/clear.lua")));
 
-/// KEYS: due, tasks. ARGV: count, then (to continue a scan) the score and the member of the
-/// last row read. Reply: `{run_id, {member, score, ...}, {envelope, ...}}`: the server's
-/// `run_id`, up to `count` rows after that one in the ZSET's order (score, then member bytes),
-/// and their envelopes (nil where the HASH has none). The rows and envelopes go back as Redis
-/// made them (a copy into one flat table in Lua cost a third of a restore's time). Read-only.
-///
-/// A keyset page: the rows after (score, member), found by ZCOUNT (the rows due before that
-/// score) and a binary search of the members due at that very score (compared as bytes, as
-/// Redis orders them; Lua's `<` would follow the server's locale). Removed or added rows shift
-/// nothing, and so a restarted server continues the scan where the last one stopped.
-static PAGE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(&format!(
-        r"{RUN_ID}
-local count = tonumber(ARGV[1])
-local start = 0
-if #ARGV >= 3 then
-  local score, member = ARGV[2], ARGV[3]
-  local function not_after(a, b)
-    if a == b then return true end
-    for i = 1, math.min(#a, #b) do
-      local x, y = string.byte(a, i), string.byte(b, i)
-      if x ~= y then return x < y end
-    end
-    return #a < #b
-  end
-  local lo = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. score)
-  local hi = lo + redis.call('ZCOUNT', KEYS[1], score, score)
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if not_after(redis.call('ZRANGE', KEYS[1], mid, mid)[1], member) then
-      lo = mid + 1
-    else
-      hi = mid
-    end
-  end
-  start = lo
-end
-local flat = redis.call('ZRANGE', KEYS[1], start, start + count - 1, 'WITHSCORES')
-local ids = {{}}
-for i = 1, #flat, 2 do ids[#ids + 1] = flat[i] end
-if #ids <= 4000 then
-  if #ids == 0 then return {{run_id, flat, {{}}}} end
-  return {{run_id, flat, redis.call('HMGET', KEYS[2], unpack(ids))}}
-end
-local envelopes = {{}}
-for i = 1, #ids, 4000 do
-  local part = redis.call('HMGET', KEYS[2], unpack(ids, i, math.min(i + 3999, #ids)))
-  for k = 1, #part do envelopes[#envelopes + 1] = part[k] end
-end
-return {{run_id, flat, envelopes}}
-"
-    ))
-});
+/// `lua/remove.lua`: its header gives its keys, arguments and reply.
+static REMOVE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/remove.lua")));
 
-/// KEYS: due, tasks, the engine lease. ARGV: holder (empty: no check). Deletes the live keys (a
-/// snapshot of nothing) if the lease is the holder's.
-static CLEAR: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(&format!(
-        r"{FENCE}
-redis.call('DEL', KEYS[1], KEYS[2])
-return 1
-"
-    ))
-});
-
-/// KEYS: due, tasks, the engine lease. ARGV: holder (empty: no check), then ids. Removes each
-/// from both (in slices, as `unpack` takes a bounded number of values), atomically, if the
-/// lease is the holder's. A script rather than a MULTI: it can check the lease, and a Redis at
-/// `maxmemory`, which refuses every command queued in a MULTI, runs a script whose commands
-/// free memory (ZREM and HDEL are not refused there).
-static REMOVE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(&format!(
-        r"{FENCE}
-for i = 2, #ARGV, 1000 do
-  local j = math.min(i + 999, #ARGV)
-  redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
-  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
-end
-return 1
-"
-    ))
-});
-
-/// KEYS: due, tasks, dead. ARGV: per entry, its id, `1` or `0` (whether an envelope was read
-/// for it), the envelope read, its dead record, and the score read if that is what is broken
-/// (else empty). Moves each entry whose envelope (and broken score) is still the one read (or
-/// still missing) to the dead letters, and leaves the others: rewritten since they were read,
-/// they are no longer the broken entry. Returns 1 or 0 per entry.
-static DEAD_LETTER: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
-        r"
-local buried = {}
-for i = 1, #ARGV, 5 do
-  local id, read, raw, record, score = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local now = redis.call('HGET', KEYS[2], id)
-  local same = (read == '1' and now == raw) or (read == '0' and not now)
-  if same and score ~= '' then
-    same = redis.call('ZSCORE', KEYS[1], id) == score
-  end
-  if same then
-    redis.call('HSET', KEYS[3], id, record)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    buried[#buried + 1] = 1
-  else
-    buried[#buried + 1] = 0
-  end
-end
-return buried
-",
-    )
-});
+/// `lua/dead_letter.lua`: its header gives its keys, arguments and reply.
+static DEAD_LETTER: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/dead_letter.lua")));
 
 /// The most entries a page of a restore reads (a larger page size is taken as this): a
 /// Redis command runs whole while other clients wait, and Redis refuses a `COUNT` past

@@ -183,14 +183,11 @@ impl Dedup {
     /// that took over after this claim's lease lapsed, is left alone (`false`).
     pub async fn abandon(&self, claim: &Claim) -> Result<bool, StoreError> {
         let mut conn = self.conn.clone();
-        let dropped: i64 = redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0",
-        )
-        .key(self.key(&claim.id))
-        .arg(claim.marker())
-        .invoke_async(&mut conn)
-        .await?;
+        let dropped: i64 = redis::Script::new(include_str!("lua/dedup_abandon.lua"))
+            .key(self.key(&claim.id))
+            .arg(claim.marker())
+            .invoke_async(&mut conn)
+            .await?;
         Ok(dropped == 1)
     }
 }

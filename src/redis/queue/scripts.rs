@@ -1,4 +1,6 @@
-//! The Lua scripts of the shared delay queue. Each runs atomically on the shard's keys, which
+//! The Lua scripts of the shared delay queue, each in a file of its own under `lua/` (loaded with
+//! `include_str!`, runnable by hand with `redis-cli --eval`), whose header comment gives its keys,
+//! its arguments and its reply. Each runs atomically on the shard's keys, which
 //! share one hash tag, so they are valid on a Redis Cluster.
 //!
 //! Keys of a shard (see [`KeyLayout`](crate::redis::KeyLayout)): `due` (ZSET id → due ms, queued),
@@ -36,442 +38,54 @@
 
 use std::sync::LazyLock;
 
-/// Lua: `now`, Redis's clock in ms since the Unix epoch. Redis 7 replicates a script's effects,
-/// not the script, so reading the clock in it is allowed.
-const REDIS_NOW: &str = "local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-";
-
 use redis::Script;
 
-/// KEYS: due, tasks, lease, owner, expired. ARGV: id, due, envelope, replace (0/1), channel,
-/// notify before (ms; 0 = never), message. Returns 1 if stored, 0 if the id was pending (an
-/// envelope, and the id queued or leased) and replace was not asked for. An envelope with no
-/// queue entry (another client's task half written, or left behind) is written over. A task
-/// stored starts with no lease expiries (a count left by an older consumer that did not clear
-/// it, or by a replaced task, is forgotten). The text is public for producers in other
-/// languages ([`Producer::ENQUEUE_SCRIPT`](crate::redis::Producer::ENQUEUE_SCRIPT)).
-pub(crate) const ENQUEUE_LUA: &str = r"
-local stored = redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
-local pending = stored and (redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZSCORE', KEYS[3], ARGV[1]))
-if pending and ARGV[4] == '0' then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-if pending then
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('HDEL', KEYS[4], ARGV[1])
-end
-redis.call('HDEL', KEYS[5], ARGV[1])
-if tonumber(ARGV[2]) < tonumber(ARGV[6]) then
-  redis.pcall('PUBLISH', ARGV[5], ARGV[7])
-end
-return 1
-";
+/// `lua/enqueue.lua`: its header gives its keys, arguments and reply. The text is public for
+/// producers in other languages ([`Producer::ENQUEUE_SCRIPT`](crate::redis::Producer::ENQUEUE_SCRIPT)).
+pub(crate) const ENQUEUE_LUA: &str = include_str!("lua/enqueue.lua");
 
 /// [`ENQUEUE_LUA`], loaded.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(ENQUEUE_LUA));
 
-/// KEYS: due, tasks, lease, owner, expired. ARGV: id. Returns 1 if the task was queued or
-/// leased.
-pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local n = redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-return n
-",
-    )
-});
+/// `lua/cancel.lua`: its header gives its keys, arguments and reply.
+pub(crate) static CANCEL: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/cancel.lua")));
 
-/// KEYS: due, tasks, lease, owner, fence, dead, batch, expired, unpaired. ARGV: until (ms),
-/// batch, consumer, lease (ms), nonce, grace (ms). Leases up to `batch` tasks due by `until` to
-/// `consumer|token` until max(due, now) + lease (`now`: Redis's clock), and returns `token,
-/// id1, due1, envelope1, id2, ...`, or an empty array.
-///
-/// An id with no envelope (or an empty one; only another client writes such) is never leased:
-/// leased, it would wait for the consumer's dead-lettering, and an `enqueue` of the id in
-/// between would be dead-lettered with it. It may be half written (queued first, its envelope
-/// on the way), so it stays queued until `grace` ms have passed since a claim first saw it so
-/// (kept in `unpaired`), then goes to the dead-letter HASH. It comes back as `id, "wait", ""`
-/// the first time it is seen, `id, "dead", ""` when dead-lettered, `id, "wrongtype", key`
-/// when `key` (the dead-letter HASH, or `unpaired`) has the wrong type: the id then stays
-/// queued, and the other tasks are claimed all the same. Ids seen before and still in their
-/// grace period are not answered, and do not take a task's place: the claim reads as many
-/// more ids as `unpaired` holds, up to `batch` more. A claim's reply holds at most `batch`
-/// leased tasks.
-///
-/// Idempotent by nonce: the claim is kept in the consumer's `batch` list (`nonce, token, id1,
-/// due1, ...`, expiring when the last of its leases ends), and a call with the nonce kept
-/// there claims nothing new: it answers that claim again, with the tasks still leased under
-/// its token. A consumer whose claim's reply was lost after the script ran calls again with
-/// the same nonce and gets its batch, instead of leaving it leased to nobody until the lease
-/// ends.
-pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-if redis.call('LINDEX', KEYS[7], 0) == ARGV[5] then
-  local kept = redis.call('LRANGE', KEYS[7], 1, -1)
-  local owner = ARGV[3] .. '|' .. kept[1]
-  local out = {{kept[1]}}
-  for i = 2, #kept, 2 do
-    local id = kept[i]
-    if redis.call('HGET', KEYS[4], id) == owner then
-      local envelope = redis.call('HGET', KEYS[2], id)
-      if envelope then
-        out[#out + 1] = id
-        out[#out + 1] = kept[i + 1]
-        out[#out + 1] = envelope
-      end
-    end
-  end
-  return out
-end
-local limit, grace = tonumber(ARGV[2]), tonumber(ARGV[6])
--- How many ids wait for their envelope: as many more are read, so that they take no task's
--- place. A wrong-typed `unpaired` is reported with each id that needs it.
-local known = redis.pcall('HLEN', KEYS[9])
-local tracked = type(known) == 'number'
-if not tracked then
-  if not string.find(known.err, 'WRONGTYPE', 1, true) then return known end
-  known = 0
-end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, limit + math.min(known, limit))
-if #ids == 0 then return {{}} end
-local token = redis.call('INCR', KEYS[5])
-local owner = ARGV[3] .. '|' .. token
-{REDIS_NOW}local lease = tonumber(ARGV[4])
-local out = {{tostring(token)}}
-local kept = {{ARGV[5], tostring(token)}}
-local last, leased = now, 0
-for i = 1, #ids, 2 do
-  if leased == limit then break end
-  local id, due = ids[i], tonumber(ids[i + 1])
-  local envelope = redis.call('HGET', KEYS[2], id)
-  if envelope and envelope ~= '' then
-    redis.call('ZADD', KEYS[3], math.max(due, now) + lease, id)
-    redis.call('HSET', KEYS[4], id, owner)
-    redis.call('ZREM', KEYS[1], id)
-    if known > 0 then redis.call('HDEL', KEYS[9], id) end
-    out[#out + 1] = id
-    out[#out + 1] = ids[i + 1]
-    out[#out + 1] = envelope
-    kept[#kept + 1] = id
-    kept[#kept + 1] = ids[i + 1]
-    last = math.max(last, due)
-    leased = leased + 1
-  elseif not tracked then
-    out[#out + 1] = id
-    out[#out + 1] = 'wrongtype'
-    out[#out + 1] = KEYS[9]
-  else
-    local seen = tonumber(redis.call('HGET', KEYS[9], id))
-    -- A time ahead of Redis's clock (it stepped back) counts from now.
-    if seen and seen > now then seen = nil end
-    if seen == nil and grace > 0 then
-      redis.call('HSET', KEYS[9], id, now)
-      out[#out + 1] = id
-      out[#out + 1] = 'wait'
-      out[#out + 1] = ''
-    elseif now - (seen or now) >= grace then
-      -- The dead letter first: a key of the wrong type refuses it, and the id stays queued.
-      local written = redis.pcall('HSET', KEYS[6], id, cjson.encode({{
-        reason = 'no envelope in the tasks hash', raw = '', at = now, attempt = 0}}))
-      if type(written) == 'table' and written.err then
-        if not string.find(written.err, 'WRONGTYPE', 1, true) then return written end
-        out[#out + 1] = id
-        out[#out + 1] = 'wrongtype'
-        out[#out + 1] = KEYS[6]
-      else
-        redis.call('ZREM', KEYS[1], id)
-        redis.call('HDEL', KEYS[2], id)
-        redis.call('HDEL', KEYS[8], id)
-        redis.call('HDEL', KEYS[9], id)
-        out[#out + 1] = id
-        out[#out + 1] = 'dead'
-        out[#out + 1] = ''
-      end
-    end
-  end
-end
-redis.call('DEL', KEYS[7])
-for i = 1, #kept, 1000 do
-  redis.call('RPUSH', KEYS[7], unpack(kept, i, math.min(i + 999, #kept)))
-end
-redis.call('PEXPIRE', KEYS[7], math.ceil(last - now + lease))
-return out
-",
-    ))
-});
+/// `lua/claim.lua`: its header gives its keys, arguments and reply.
+pub(crate) static CLAIM: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/claim.lua")));
 
-/// KEYS: lease, owner. ARGV: lease (ms), then id1, owner1, id2, owner2, ... Extends to
-/// now + lease (`now`: Redis's clock) the lease of each task whose owner still matches (never
-/// shortens one). Returns how many it extended.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{REDIS_NOW}local to, n = now + tonumber(ARGV[1]), 0
-for i = 2, #ARGV, 2 do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
-    local lease = redis.call('ZSCORE', KEYS[1], ARGV[i])
-    if lease and tonumber(lease) < to then
-      redis.call('ZADD', KEYS[1], to, ARGV[i])
-      n = n + 1
-    end
-  end
-end
-return n
-",
-    ))
-});
+/// `lua/renew.lua`: its header gives its keys, arguments and reply.
+pub(crate) static RENEW: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/renew.lua")));
 
-/// KEYS: lease, owner, tasks, expired, dead. ARGV: id1, owner1, again1, id2, ... Removes each
-/// task whose owner still matches; returns per task 1 (removed), 0 (refused: the lease was
-/// taken over, or ran out and the task is queued again or dead-lettered), or, for an ack sent
-/// again (`again` = 1) after a call that may have run, 2 if the task is gone, held by no one
-/// and not dead-lettered: most likely that call ran and only its reply was lost. (Another
-/// consumer's takeover and ack in between, or a producer's cancel, would read the same;
-/// without such a call before, they read as 0.)
-pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local out = {}
-for i = 1, #ARGV, 3 do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
-    redis.call('ZREM', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    redis.call('HDEL', KEYS[3], ARGV[i])
-    redis.call('HDEL', KEYS[4], ARGV[i])
-    out[#out + 1] = 1
-  elseif ARGV[i + 2] == '1' and redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[5], ARGV[i]) == 0 then
-    out[#out + 1] = 2
-  else
-    out[#out + 1] = 0
-  end
-end
-return out
-",
-    )
-});
+/// `lua/ack.lua`: its header gives its keys, arguments and reply.
+pub(crate) static ACK: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/ack.lua")));
 
-/// KEYS: lease, owner, tasks, due. ARGV: id, owner, new envelope, next due (ms), channel,
-/// notify before (ms), wake-up suffix (`:shard`, or empty). Puts a failed task back in the
-/// queue for its next attempt, if the owner still matches, and wakes the consumers if it is
-/// due soon. Returns 1, or 2 if the task already holds the new envelope (an earlier send of
-/// this retry ran and its reply was lost), else 0 (refused: the lease was taken over).
-pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
-  if redis.call('HGET', KEYS[3], ARGV[1]) == ARGV[3] then return 2 end
-  return 0
-end
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-if tonumber(ARGV[4]) < tonumber(ARGV[6]) then redis.pcall('PUBLISH', ARGV[5], ARGV[4] .. ARGV[7]) end
-return 1
-",
-    )
-});
+/// `lua/retry.lua`: its header gives its keys, arguments and reply.
+pub(crate) static RETRY: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/retry.lua")));
 
-/// KEYS: lease, owner, tasks, dead, expired. ARGV: id, owner, record. Moves a task to the
-/// dead-letter HASH, if the owner still matches. Returns 1, or 2 if the dead-letter HASH
-/// already holds this record (an earlier send ran and its reply was lost), else 0.
-pub(crate) static DEAD: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
-  if redis.call('HGET', KEYS[4], ARGV[1]) == ARGV[3] then return 2 end
-  return 0
-end
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-return 1
-",
-    )
-});
+/// `lua/dead.lua`: its header gives its keys, arguments and reply.
+pub(crate) static DEAD: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/dead.lua")));
 
-/// KEYS: lease, owner, due. ARGV: channel, notify before (ms), wake-up suffix (`:shard`, or
-/// empty), then id1, owner1, due1, ...
-/// Hands claimed tasks not started here back to the queue at their due time (at a graceful
-/// shutdown, or while the consumer's handler threads are all stuck), skipping any no longer
-/// leased to the owner given, and wakes the other consumers for the earliest. Returns how many
-/// were handed back.
-pub(crate) static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local n, first = 0, nil
-for i = 4, #ARGV, 3 do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
-    redis.call('ZADD', KEYS[3], ARGV[i + 2], ARGV[i])
-    redis.call('ZREM', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    local due = tonumber(ARGV[i + 2])
-    if first == nil or due < first then first = due end
-    n = n + 1
-  end
-end
-if first ~= nil and first < tonumber(ARGV[2]) then
-  redis.pcall('PUBLISH', ARGV[1], tostring(first) .. ARGV[3])
-end
-return n
-",
-    )
-});
+/// `lua/give_back.lua`: its header gives its keys, arguments and reply.
+pub(crate) static GIVE_BACK: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/give_back.lua")));
 
-/// KEYS: lease, owner, due, tasks, dead, expired. ARGV: batch, channel, max expiries (0: no
-/// limit), wake-up suffix (`:shard`, or empty). Returns tasks whose lease expired by Redis's clock (their consumer died or stalled)
-/// to the queue at their due time (Redis's now, if that is earlier or unknown), and wakes the consumers; counts each task's expiries, and moves a
-/// task whose lease has now expired `max` times to the dead-letter HASH instead (a task that
-/// takes its consumer down each time is not delivered forever), with a record as the
-/// consumer writes one. Returns `{requeued, dead-lettered, bad key}`: the bad key is the
-/// dead-letter HASH when it has the wrong type (the tasks it refused stay leased, and are tried
-/// again by the next call), else `''`.
-pub(crate) static REAP: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{REDIS_NOW}local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local max, requeued, dead, bad = tonumber(ARGV[3]), 0, 0, ''
--- A script that fails part way keeps what it wrote: for each id, whatever can fail (a count or
--- a record that does not encode) comes before the first delete, and the task's new place is
--- written before its old one is cleared. An error then leaves the task leased, whole.
-for _, id in ipairs(ids) do
-  local n = (tonumber(redis.call('HGET', KEYS[6], id)) or 0) + 1
-  if max > 0 and n >= max then
-    local raw = redis.call('HGET', KEYS[4], id) or ''
-    local ok, envelope = pcall(cjson.decode, raw)
-    local attempt = 0
-    if ok and type(envelope) == 'table' and type(envelope.attempt) == 'number' then
-      attempt = envelope.attempt
-    end
-    -- cjson reads 1e999 as inf, and NaN, and encodes neither.
-    if attempt ~= attempt or attempt == math.huge or attempt == -math.huge then attempt = 0 end
-    local reason = 'lease expired ' .. n .. ' times: its consumer crashed or stalled each time'
-    -- Deliveries tried: the failed ones the envelope counts, and the n that never returned.
-    local encoded, record = pcall(cjson.encode, {{
-      reason = reason, raw = raw, at = now, attempt = attempt + n}})
-    if not encoded then
-      record = cjson.encode({{reason = reason, raw = '', at = now, attempt = n}})
-    end
-    -- A dead-letter key of the wrong type refuses the record: the task stays leased, tried
-    -- again next round, and the key is named in the reply; the other tasks go on.
-    local written = redis.pcall('HSET', KEYS[5], id, record)
-    if type(written) == 'table' and written.err then
-      if not string.find(written.err, 'WRONGTYPE', 1, true) then return written end
-      bad = KEYS[5]
-    else
-      redis.call('ZREM', KEYS[1], id)
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[4], id)
-      redis.call('HDEL', KEYS[6], id)
-      dead = dead + 1
-    end
-  else
-    -- Back at its own due time (the producers' clock, as every score in the queue), read from
-    -- the end of the envelope, where `due_at` is the last field: at Redis's `now` it would wait
-    -- for as long as Redis's clock runs ahead of the consumers'. The lease ran from that due
-    -- time at the earliest, so it has passed by Redis's clock; the earlier of the two, to be
-    -- sure. An envelope written otherwise (by hand) goes back at `now`.
-    local back = now
-    local due = tonumber(string.match(string.sub(redis.call('HGET', KEYS[4], id) or '', -40),
-      '\34due_at\34:(%d+)}}$'))
-    if due and due < back then back = due end
-    redis.call('ZADD', KEYS[3], back, id)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HSET', KEYS[6], id, n)
-    requeued = requeued + 1
-  end
-end
-if requeued > 0 then redis.pcall('PUBLISH', ARGV[2], tostring(now) .. ARGV[4]) end
-return {{requeued, dead, bad}}
-",
-    ))
-});
+/// `lua/reap.lua`: its header gives its keys, arguments and reply.
+pub(crate) static REAP: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/reap.lua")));
 
-/// KEYS: dead, tasks, due, lease. ARGV: id, envelope, due (ms), channel, the dead record as
-/// read, wake-up suffix (`:shard`, or empty).
-/// Moves a dead-lettered task back to the queue with a fresh envelope and wakes the consumers.
-/// Returns 0 if the dead-letter HASH no longer holds that record for the id (gone, or
-/// dead-lettered again since it was read), -1 (and changes nothing) if a task with that id is
-/// pending again (an envelope, and queued or leased; an envelope alone is written over).
-pub(crate) static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[5] then return 0 end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 and (redis.call('ZSCORE', KEYS[3], ARGV[1]) or redis.call('ZSCORE', KEYS[4], ARGV[1])) then return -1 end
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.pcall('PUBLISH', ARGV[4], ARGV[3] .. ARGV[6])
-return 1
-",
-    )
-});
+/// `lua/requeue.lua`: its header gives its keys, arguments and reply.
+pub(crate) static REQUEUE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/requeue.lua")));
 
-/// KEYS: tasks, due, lease, dead, unpaired, expired. ARGV: tasks cursor, unpaired cursor,
-/// count, grace (ms). One step of the reaper's sweep for envelopes with no queue entry, which
-/// another client's task written envelope first has until its second write lands, and one
-/// whose second write never came has for good. An HSCAN step of `count` (a hint) over
-/// `tasks`: an envelope whose id is neither queued nor leased nor dead-lettered is noted in
-/// `unpaired` when first seen so, and removed (with its lease expiry count) when seen so
-/// again `grace` ms or more later (Redis's clock); one whole again is struck from `unpaired`
-/// (an empty envelope counts as none, as for CLAIM). Then an HSCAN step over `unpaired`,
-/// striking out ids now whole or gone (neither queued, leased nor stored). Returns `{next tasks cursor, next unpaired cursor, envelopes removed, bad key}`:
-/// the bad key is `unpaired` when it has the wrong type (nothing is done then), else `''`.
-pub(crate) static SWEEP: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-local known = redis.pcall('HLEN', KEYS[5])
-if type(known) ~= 'number' then
-  if not string.find(known.err, 'WRONGTYPE', 1, true) then return known end
-  return {{ARGV[1], ARGV[2], 0, KEYS[5]}}
-end
-{REDIS_NOW}local grace, removed = tonumber(ARGV[4]), 0
-local step = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[3])
-local fields = step[2]
-for i = 1, #fields, 2 do
-  local id = fields[i]
-  local placed = redis.call('ZSCORE', KEYS[2], id) or redis.call('ZSCORE', KEYS[3], id) or redis.call('HEXISTS', KEYS[4], id) == 1
-  if placed then
-    -- Whole; or queued with an empty envelope, which is the claim's to judge, as none.
-    if known > 0 and fields[i + 1] ~= '' then redis.call('HDEL', KEYS[5], id) end
-  else
-    local seen = tonumber(redis.call('HGET', KEYS[5], id))
-    if seen and seen > now then seen = nil end
-    if seen == nil and grace > 0 then
-      redis.call('HSET', KEYS[5], id, now)
-    elseif now - (seen or now) >= grace then
-      redis.call('HDEL', KEYS[1], id)
-      redis.call('HDEL', KEYS[6], id)
-      redis.call('HDEL', KEYS[5], id)
-      removed = removed + 1
-    end
-  end
-end
-local next_unpaired = '0'
-if known > 0 then
-  local noted = redis.call('HSCAN', KEYS[5], ARGV[2], 'COUNT', ARGV[3])
-  next_unpaired = noted[1]
-  for i = 1, #noted[2], 2 do
-    local id = noted[2][i]
-    local queued = redis.call('ZSCORE', KEYS[2], id) or redis.call('ZSCORE', KEYS[3], id)
-    local envelope = redis.call('HGET', KEYS[1], id)
-    local whole = envelope and envelope ~= '' and (queued or redis.call('HEXISTS', KEYS[4], id) == 1)
-    if whole or not (queued or envelope) then redis.call('HDEL', KEYS[5], id) end
-  end
-end
-return {{step[1], next_unpaired, removed, ''}}
-",
-    ))
-});
+/// `lua/sweep.lua`: its header gives its keys, arguments and reply.
+pub(crate) static SWEEP: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/sweep.lua")));
 
 /// Every script, for loading them all ahead of their first calls.
 pub(crate) static ALL: [&LazyLock<Script>; 11] = [
