@@ -1,5 +1,5 @@
 //! A loom model of the schedule/wake handshake between producers and the driver: the engine's
-//! own `src/wake.rs` (its ground rules at the top of that file), compiled here against loom's
+//! own `src/engine/wake.rs` (its ground rules at the top of that file), compiled here against loom's
 //! atomics, driven the way `drive` and `Core::insert` in `src/timer.rs` drive it.
 //!
 //! The driver calls `Wake::scanning` before it scans the shard and `Wake::may_park` after, then

@@ -34,7 +34,7 @@ pub struct Expiration<T> {
     pub value: T,
 }
 
-/// A timer handed back by [`Timer::shutdown`]: still pending, or fired but not delivered.
+/// A timer handed back by [`Timer::shutdown`](crate::Timer::shutdown): still pending, or fired but not delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pending<T> {
     /// The id `schedule` returned.

@@ -8,7 +8,7 @@
 //!   a caller's [`Timer::fire_due`]; `Core::turn_buf` is that turn's lock and scratch buffer,
 //!   held across the turn (with `sink` held across its deliveries). `stop` takes `turn_buf`
 //!   before it drains, so no collected timer is between a turn and its delivery then.
-//! * The wake handshake between producers and the driver is `Wake`'s (`src/wake.rs`, which has
+//! * The wake handshake between producers and the driver is `Wake`'s (`src/engine/wake.rs`, which has
 //!   its own ground rules): a producer calls `Wake::timer_due` after its insert, with no lock
 //!   held; the driver calls `Wake::scanning` before a turn and parks only if `Wake::may_park`
 //!   says so after it.

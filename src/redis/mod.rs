@@ -7,6 +7,12 @@
 //!   claims the tasks due within its lookahead window, atomically and under a fencing token,
 //!   and fires each from its own wheel at the due millisecond.
 //!
+//! The files: the parts both roles use at this folder's root (`link.rs`, the connection to a
+//! node or a cluster; `layout.rs`, the key names; `envelope.rs`, the task envelope;
+//! `wall_clock.rs`, epoch milliseconds; `store_error.rs`; `blocking.rs`, the runtime the
+//! blocking APIs run on), then one folder per role, `persist/` and `queue/`, neither of which
+//! uses the other. Every Lua script is a `.lua` file beside the module that runs it.
+//!
 //! The examples below need a running Redis, so they are compiled but not run here; the tests
 //! in `tests/redis_*.rs`, `tests/persist_*.rs` and `tests/queue.rs` run the same calls against
 //! a private `redis-server`.

@@ -22,7 +22,7 @@ pub enum Durability {
     /// `schedule` returns only once Redis has acknowledged the write (or, with
     /// [`PersistConfig::write_through_timeout`], says it has not within that time). `cancel`
     /// and `ack` stay write-behind: a crash right after one can bring the task back, to fire
-    /// again (call [`Persistent::flush`] where that matters).
+    /// again (call [`Persistent::flush`](crate::redis::Persistent::flush) where that matters).
     WriteThrough,
 }
 
@@ -37,7 +37,7 @@ pub enum WhenFull {
     Error,
 }
 
-/// What [`Persistent::restore`] does with tasks whose due time passed while no process held
+/// What [`Persistent::restore`](crate::redis::Persistent::restore) does with tasks whose due time passed while no process held
 /// them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Overdue {
@@ -52,7 +52,7 @@ pub enum Overdue {
     },
 }
 
-/// Settings of a [`Persistent`] engine.
+/// Settings of a [`Persistent`](crate::redis::Persistent) engine.
 #[derive(Debug, Clone)]
 pub struct PersistConfig {
     /// Redis URL (`redis://user:password@host/db`, `redis+unix:///path`, ...).
@@ -172,16 +172,16 @@ pub enum PersistError {
     Shutdown(Box<Envelope>),
     /// `WriteThrough` only: Redis did not confirm the task within
     /// [`PersistConfig::write_through_timeout`] (it is down or slow), or a
-    /// [`shutdown`](Persistent::shutdown) ended the wait. The task was *not* refused: it is
+    /// [`shutdown`](crate::redis::Persistent::shutdown) ended the wait. The task was *not* refused: it is
     /// scheduled in memory and its write stays in the journal, sent when Redis answers, as with
     /// `WriteBehind`; a shutdown's final round writes it, or returns it among the tasks it
-    /// could not write. A crash before that loses it. [`Persistent::cancel`] with this id withdraws it, unless it has fired
+    /// could not write. A crash before that loses it. [`Persistent::cancel`](crate::redis::Persistent::cancel) with this id withdraws it, unless it has fired
     /// meanwhile (then it waits for `ack` like any fired task) or another `schedule` of the id
     /// has replaced it (then `cancel` withdraws that one).
     Unconfirmed(String),
     /// A setting is out of range (named in the message).
     Config(&'static str),
-    /// [`Persistent::restore`] after (or interrupted by) [`Persistent::shutdown`]: the tasks
+    /// [`Persistent::restore`](crate::redis::Persistent::restore) after (or interrupted by) [`Persistent::shutdown`](crate::redis::Persistent::shutdown): the tasks
     /// not loaded stay in the store.
     Stopped,
     /// The namespace is used by a queue ([`Producer`](crate::redis::Producer),
@@ -195,7 +195,7 @@ pub enum PersistError {
     /// (a second process on the namespace, a lease that ran out while this one stalled): this
     /// engine writes nothing to the store any more, so it refuses new tasks, handing the
     /// envelope back. Shut it down and start a new engine, which restores what the other
-    /// wrote. [`Persistent::is_writing`] tells it beforehand.
+    /// wrote. [`Persistent::is_writing`](crate::redis::Persistent::is_writing) tells it beforehand.
     LeaseLost(String, Box<Envelope>),
 }
 
@@ -236,7 +236,7 @@ impl std::error::Error for PersistError {}
 pub struct RestoreReport {
     /// Tasks loaded into the wheel (overdue ones fire per [`Overdue`]).
     pub loaded: usize,
-    /// Broken entries handed to the store's dead-lettering (a [`RedisStore`] leaves those
+    /// Broken entries handed to the store's dead-lettering (a [`RedisStore`](crate::redis::RedisStore) leaves those
     /// rewritten since they were read in place, and this still counts them).
     pub dead_lettered: usize,
     /// Loaded tasks that were already due (fired per [`Overdue`]).

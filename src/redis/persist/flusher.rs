@@ -2,7 +2,7 @@
 //! their changes into, keyed by task id, and the flusher thread that drains it into the store
 //! in batches, or writes a snapshot of the whole pending set.
 //!
-//! The ground rules are those of `persistent.rs`: memory is the source of truth, the journal
+//! The ground rules are those of `engine.rs`: memory is the source of truth, the journal
 //! lives with the index under one mutex (`Inner::state`), and encoding and writing happen
 //! outside it.
 

@@ -166,7 +166,7 @@ pub struct QueueConfig {
     /// first saw it so. Likewise, a consumer's reaper removes an envelope that has no queue
     /// entry (written first, its `ZADD` not sent yet, or never) only once this long has passed
     /// since it first saw it alone. Counted on Redis's clock, from the first sighting, which
-    /// `{ns}:unpaired` keeps (see the [key layout](super#key-layout)). The two writes of such
+    /// `{ns}:unpaired` keeps (see the [key layout](crate::redis#key-layout)). The two writes of such
     /// a producer must land within this of each other; the queue's own writes are never half
     /// done. Long enough for the slowest such producer, short enough that a task that will
     /// never be whole is dead-lettered soon.
@@ -532,7 +532,7 @@ impl fmt::Debug for Producer {
 impl Producer {
     /// The Lua text of the script [`enqueue`](Self::enqueue) runs, for producers in other
     /// languages: load it (`SCRIPT LOAD`) and call it with `EVALSHA`, or send it with `EVAL`.
-    /// See the [key layout](super#producers-in-other-languages) for its keys and arguments.
+    /// See the [key layout](crate::redis#producers-in-other-languages) for its keys and arguments.
     pub const ENQUEUE_SCRIPT: &'static str = scripts::ENQUEUE_LUA;
 
     /// Connects. Errors: a bad setting or namespace, a namespace a `Persistent` engine uses

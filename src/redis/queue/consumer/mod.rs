@@ -1,6 +1,17 @@
 //! The consumer of the shared delay queue: it claims the tasks due within the lookahead
 //! window, holds them in its own timing wheel, and fires each at its due millisecond.
 //!
+//! One file per background loop, as asynq's server gives each of its loops one, composed by
+//! [`lifecycle`], which starts them and stops them:
+//!
+//! * [`claim`]: the claim loop, one per shard; [`subscriber`]: the wake-up subscriber;
+//! * [`handlers`]: the handler pool the wheel fires into;
+//! * [`outcomes`]: the outcome writer (acks, retries, dead letters), with [`writes`], its
+//!   write tasks; [`renewal`]: lease renewal;
+//! * [`reaper`]: expired leases back to the queue, and the sweep of lone envelopes;
+//! * [`stall`]: the hand-back of a consumer whose handler threads are all stuck;
+//! * [`shared`]: what they share.
+//!
 //! # Ground rules
 //!
 //! * Redis is the source of truth. A claimed task is leased to this consumer under a fencing
