@@ -1,14 +1,15 @@
 # `make test` is what CI runs (.ci/run) on a fresh clone: it installs what the checks need
-# (rustfmt, clippy, redis-server),
-# then runs fmt --check, clippy -D warnings, the whole test suite, and the smoke modes of the
-# benches and examples. Benchmarks proper are `make bench`; they never run in `make test`.
+# (rustfmt, clippy, redis-server, python3),
+# then checks the module graph of src/ (no import cycle, the layers), runs fmt --check,
+# clippy -D warnings, the whole test suite, and the smoke modes of the benches and examples.
+# Benchmarks proper are `make bench`; they never run in `make test`.
 
 CARGO ?= cargo
 # Proptest cases for the wheel model test (the issue asks for at least 10 000 in CI).
 PROPTEST_CASES ?= 10000
 export PROPTEST_CASES
 
-.PHONY: test deps fmt clippy unit smoke bench load fuzz
+.PHONY: test deps layers fmt clippy unit smoke bench load fuzz
 # The steps run in order, also under `make -j`.
 .NOTPARALLEL:
 
@@ -17,7 +18,7 @@ export PROPTEST_CASES
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 APT := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
-test: deps fmt clippy unit smoke
+test: deps layers fmt clippy unit smoke
 
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
@@ -42,6 +43,17 @@ deps:
 	@# Dedup's SET NX GET and the tests' CLIENT PAUSE ... ALL need Redis 7.0 or later.
 	@v=$$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p'); \
 		[ "$${v:-0}" -ge 7 ] || { echo "redis-server $$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p') is too old: the tests need 7.0 or later"; exit 1; }
+	@# The module graph check (.ci/layers.py) is Python 3, standard library only.
+	@command -v python3 >/dev/null || { \
+		echo "python3 missing: installing it with apt-get"; \
+		($(APT) update -qq && $(APT) install -y -qq python3) || { \
+			echo "could not install python3: install it and re-run"; exit 1; }; }
+
+# No import cycle between the files of src/, and no layer importing from one above it (the
+# rules are the table at the top of the script). Its self-test first: a check that passes
+# because it sees nothing would be worse than none.
+layers:
+	python3 .ci/layers.py --self-test && python3 .ci/layers.py
 
 fmt:
 	$(CARGO) fmt --all -- --check
