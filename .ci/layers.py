@@ -47,15 +47,12 @@ crate::wheel   !-> crate::engine crate::redis
 crate::engine  !-> crate::redis
 
 # The Redis layer's two roles import nothing from each other, and the shared parts at its root
-# (connection, key names, envelope, wall clock, the blocking bridge) import neither role.
+# (connection, key names, envelope, wall clock, the blocking bridge, the store error) import
+# neither role.
 crate::redis::persist !-> crate::redis::queue
 crate::redis::queue   !-> crate::redis::persist
-crate::redis::{link,layout,envelope,wall_clock,blocking} !-> crate::redis::persist crate::redis::queue
+crate::redis::{link,layout,envelope,wall_clock,blocking,store_error} !-> crate::redis::persist crate::redis::queue
 
-# The layout before the moves: the engine's files lie at the root of src/. These pairs go
-# inactive once the files are under crate::engine; delete them then.
-crate::wheel !-> crate::{clock,shard,wake,delivery,stats,error,timer,sleep,stream}
-crate::{clock,shard,wake,delivery,stats,error,timer,sleep,stream} !-> crate::redis
 """
 
 # --------------------------------------------------------------------------------------------

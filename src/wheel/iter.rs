@@ -6,6 +6,23 @@ use std::fmt;
 
 use super::{Expired, TimerKey, Wheel};
 
+impl<T> Wheel<T> {
+    /// Iterates over the pending timers as `(key, deadline, &value)`, in no particular order.
+    pub fn iter(&self) -> Iter<'_, T> {
+        Iter::new(self)
+    }
+
+    /// Removes every pending timer and yields it, in no particular order (for shutdown and
+    /// snapshots). Dropping the iterator early removes the rest too. The wheel's time is kept.
+    ///
+    /// The wheel is consistent after every step: if the iterator is leaked (`mem::forget`), or
+    /// a value's `Drop` panics while the iterator drops the rest, the timers not yet removed
+    /// stay pending, and fire, cancel and reset as before.
+    pub fn drain(&mut self) -> Drain<'_, T> {
+        Drain::new(self)
+    }
+}
+
 /// Iterator over `(key, deadline, &value)` of the pending timers, from [`Wheel::iter`].
 pub struct Iter<'a, T> {
     wheel: &'a Wheel<T>,

@@ -441,21 +441,6 @@ impl<T> Wheel<T> {
             .collect()
     }
 
-    /// Iterates over the pending timers as `(key, deadline, &value)`, in no particular order.
-    pub fn iter(&self) -> Iter<'_, T> {
-        Iter::new(self)
-    }
-
-    /// Removes every pending timer and yields it, in no particular order (for shutdown and
-    /// snapshots). Dropping the iterator early removes the rest too. The wheel's time is kept.
-    ///
-    /// The wheel is consistent after every step: if the iterator is leaked (`mem::forget`), or
-    /// a value's `Drop` panics while the iterator drops the rest, the timers not yet removed
-    /// stay pending, and fire, cancel and reset as before.
-    pub fn drain(&mut self) -> Drain<'_, T> {
-        Drain::new(self)
-    }
-
     /// Removes every pending timer, dropping the values. Keys handed out before stay stale. If a
     /// value's `Drop` panics, the panic propagates and the timers not yet dropped stay pending.
     pub fn clear(&mut self) {
