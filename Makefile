@@ -93,7 +93,7 @@ smoke:
 
 bench:
 	$(CARGO) bench --bench wheel
-	$(CARGO) bench --bench engine
+	$(CARGO) bench --features tokio --bench engine
 
 load:
 	$(CARGO) run --release --example gateway

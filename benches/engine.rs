@@ -9,6 +9,10 @@
 //!   it sits inline in an `async fn`'s state or in `tokio::time::timeout` (no allocation, so
 //!   the harder baseline: `schedule` allocates nothing either);
 //!   `tokio_sleep_unpolled` only creates and drops it (no registration), for reference.
+//! * `sleep_reset` (feature `tokio`) — `Sleep::reset` of a pending sleep
+//!   (`delaywheel_reset`) against dropping it and creating a new one
+//!   (`delaywheel_drop_and_recreate`), and tokio's `Sleep::reset` of a registered sleep
+//!   (`tokio_reset`); every deadline computed before the loop, so no side reads the clock.
 //! * `producers` — 1 and 2 threads each doing schedule+cancel pairs on one shared engine
 //!   (`delaywheel/1`, `delaywheel/2`) and on a `parking_lot::Mutex<BinaryHeap>` with lazy
 //!   cancel (`Mutex<BinaryHeap>/1`, `/2`).
@@ -19,7 +23,7 @@
 //!   `tokio::time::sleep` tasks in the same run;
 //! * idle: 1M timers at least an hour away, and the process's CPU time over 10 s.
 //!
-//! `cargo bench --bench engine`; under `cargo test --benches` everything runs once, small.
+//! `cargo bench --features tokio --bench engine`; under `cargo test --benches` everything runs once, small.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -95,6 +99,57 @@ fn bench_schedule_cancel(c: &mut Criterion) {
 }
 
 use std::future::Future;
+
+/// `Sleep::reset` of a pending sleep (the engine moves its timer in the wheel) against dropping
+/// the sleep and creating a new one (cancel + insert), and against tokio's `Sleep::reset` of a
+/// registered sleep, in one run. No side reads the clock in the loop: every deadline is an
+/// `Instant` computed before it, and the resets alternate between two of them 1 s apart (so
+/// each reset moves the timer).
+#[cfg(feature = "tokio")]
+fn bench_sleep_reset(c: &mut Criterion) {
+    use delaywheel::sleep::Sleeper;
+    let mut group = c.benchmark_group("sleep_reset");
+    group.throughput(Throughput::Elements(1));
+    let sleeper = Sleeper::new().unwrap();
+    let now = Instant::now();
+    let (a, b) = (now + FAR, now + FAR + Duration::from_secs(1));
+    group.bench_function("delaywheel_reset", |bench| {
+        let mut sleep = sleeper.sleep_until(a);
+        let mut flip = false;
+        bench.iter(|| {
+            flip = !flip;
+            sleep.reset(black_box(if flip { b } else { a }));
+        })
+    });
+    group.bench_function("delaywheel_drop_and_recreate", |bench| {
+        let mut sleep = sleeper.sleep_until(a);
+        let mut flip = false;
+        bench.iter(|| {
+            flip = !flip;
+            sleep = sleeper.sleep_until(black_box(if flip { b } else { a }));
+        })
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let mut cx = Context::from_waker(Waker::noop());
+    let (ta, tb) = (
+        tokio::time::Instant::from_std(a),
+        tokio::time::Instant::from_std(b),
+    );
+    group.bench_function("tokio_reset", |bench| {
+        let mut sleep = Box::pin(tokio::time::sleep_until(ta));
+        assert!(sleep.as_mut().poll(&mut cx).is_pending()); // registered in tokio's wheel
+        let mut flip = false;
+        bench.iter(|| {
+            flip = !flip;
+            sleep.as_mut().reset(black_box(if flip { tb } else { ta }));
+        })
+    });
+    group.finish();
+}
 
 /// A `BinaryHeap` timer behind one mutex, with lazy cancel through a side table.
 struct HeapTimers {
@@ -367,6 +422,8 @@ fn reports() {
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench_schedule_cancel(&mut c);
+    #[cfg(feature = "tokio")]
+    bench_sleep_reset(&mut c);
     bench_producers(&mut c);
     c.final_summary();
     // `DELAYWHEEL_SKIP_REPORTS=1 cargo bench --bench engine -- <filter>` runs criterion only.

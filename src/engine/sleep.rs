@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
 
@@ -18,6 +18,9 @@ use super::delivery::Sink;
 use super::error::BuildError;
 use super::expiration::TimerId;
 use super::timer::{Timer, TimerBuilder};
+
+/// How far a sleep whose delay is past what an `Instant` holds is put: it never fires.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
 
 const PENDING: u8 = 0;
 const FIRED: u8 = 1;
@@ -139,11 +142,37 @@ impl Sleeper {
     /// back are dropped) or refuses the timer. The timer is scheduled now, and
     /// cancelled if the future is dropped before it fires.
     pub fn sleep(&self, delay: Duration) -> Sleep {
+        let now = self.timer.now();
+        // Past what an `Instant` holds: 30 years, which never fires either (as tokio does).
+        let deadline = now
+            .checked_add(delay)
+            .or_else(|| now.checked_add(FAR_FUTURE))
+            .unwrap_or(now);
+        self.sleep_until(deadline)
+    }
+
+    /// A future that completes at `deadline` (rounded up to the tick; at once if it has
+    /// passed), as [`sleep`](Self::sleep) does.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::{Duration, Instant};
+    /// use delaywheel::sleep::Sleeper;
+    ///
+    /// let sleeper = Sleeper::new().unwrap();
+    /// let deadline = Instant::now() + Duration::from_millis(2);
+    /// sleeper.sleep_until(deadline).await.unwrap();
+    /// assert!(Instant::now() >= deadline);
+    /// # }
+    /// ```
+    pub fn sleep_until(&self, deadline: Instant) -> Sleep {
         let state = Arc::new(SleepState::default());
-        let id = self.timer.schedule(Wakeup(state.clone()), delay).ok();
+        let id = self.timer.schedule_at(Wakeup(state.clone()), deadline).ok();
         Sleep {
             state,
             id,
+            deadline,
             timer: self.timer.clone(),
         }
     }
@@ -159,6 +188,28 @@ impl Sleeper {
             sleep: self.sleep(delay),
         }
     }
+
+    /// Runs `future` with the deadline `deadline`, as [`timeout`](Self::timeout) does.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::{Duration, Instant};
+    /// use delaywheel::sleep::{Sleeper, TimeoutError};
+    ///
+    /// let sleeper = Sleeper::new().unwrap();
+    /// let deadline = Instant::now() + Duration::from_millis(2);
+    /// let slow = std::future::pending::<()>();
+    /// assert_eq!(sleeper.timeout_at(deadline, slow).await, Err(TimeoutError::Elapsed));
+    /// assert_eq!(sleeper.timeout_at(deadline, async { 7 }).await, Ok(7));
+    /// # }
+    /// ```
+    pub fn timeout_at<F: Future>(&self, deadline: Instant, future: F) -> Timeout<F> {
+        Timeout {
+            future,
+            sleep: self.sleep_until(deadline),
+        }
+    }
 }
 
 /// The future returned by [`Sleeper::sleep`].
@@ -166,7 +217,70 @@ impl Sleeper {
 pub struct Sleep {
     state: Arc<SleepState>,
     id: Option<TimerId>,
+    /// As asked for (not rounded to the tick).
+    deadline: Instant,
     timer: Timer<Wakeup>,
+}
+
+impl Sleep {
+    /// When this sleep completes, as asked for (the engine fires it at the tick boundary at or
+    /// after this; a delay past what an `Instant` holds is taken as 30 years).
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Whether the sleep has completed: its timer fired (an engine shutdown does not count).
+    pub fn is_elapsed(&self) -> bool {
+        self.state.state.load(SeqCst) == FIRED
+    }
+
+    /// Moves the sleep to complete at `deadline` instead, whether or not it has completed
+    /// already (then it is pending again), as tokio's `Sleep::reset` does. A pending sleep
+    /// keeps its registration: the engine moves its timer in the wheel, an O(1) reset, not a
+    /// cancel and a new insert. On an engine that has shut down, the sleep then completes
+    /// with [`EngineShutdown`].
+    ///
+    /// The idle-timeout pattern: one sleep, reset on every read.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::{Duration, Instant};
+    /// use delaywheel::sleep::Sleeper;
+    ///
+    /// let sleeper = Sleeper::new().unwrap();
+    /// let idle = Duration::from_millis(5);
+    /// let mut sleep = sleeper.sleep(idle);
+    /// for _read in 0..3 {
+    ///     // ... a read arrived: the connection is not idle.
+    ///     sleep.reset(Instant::now() + idle);
+    /// }
+    /// (&mut sleep).await.unwrap(); // no read for `idle`: close the connection
+    /// assert!(sleep.is_elapsed());
+    /// # }
+    /// ```
+    pub fn reset(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        if let Some(id) = self.id {
+            if self.state.state.load(SeqCst) == PENDING && self.timer.reset_at(id, deadline) {
+                return;
+            }
+        }
+        // Fired (or firing: its wake-up is on the way, and must not complete the new one), or
+        // never scheduled: a new registration, which wakes the task that waits on this sleep.
+        if let Some(id) = self.id.take() {
+            drop(self.timer.cancel(id));
+        }
+        let waiting = self.state.waker.take();
+        self.state = Arc::new(SleepState::default());
+        if let Some(waker) = waiting {
+            self.state.waker.register(&waker);
+        }
+        self.id = self
+            .timer
+            .schedule_at(Wakeup(self.state.clone()), deadline)
+            .ok();
+    }
 }
 
 impl fmt::Debug for Sleep {

@@ -260,6 +260,60 @@ impl<T> Timer<T> {
         ok
     }
 
+    /// Moves a pending timer to fire at `at` (rounded up to the tick), keeping its id: an O(1)
+    /// move in the wheel, not a cancel and a new insert. `false` if it already fired, was
+    /// cancelled, or the id is not from this engine. An `at` in the past fires at the driver's
+    /// next turn.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use delaywheel::Timer;
+    ///
+    /// let (timer, _fired) = Timer::builder().build_channel(None).unwrap();
+    /// let id = timer.schedule("idle", Duration::from_secs(60)).unwrap();
+    /// let later = Instant::now() + Duration::from_secs(120);
+    /// assert!(timer.reset_at(id, later));
+    /// assert!(timer.deadline(id).unwrap() >= later);
+    /// ```
+    pub fn reset_at(&self, id: TimerId, at: Instant) -> bool {
+        let Some(shard) = self.core.shard_of(id) else {
+            return false;
+        };
+        let tick = self.core.ticks.deadline_tick(at);
+        let ok = {
+            let mut s = shard.lock();
+            let ok = s.wheel.reset(id.key, tick);
+            s.reset += u64::from(ok);
+            ok
+        };
+        if ok {
+            self.core.wake_for(tick);
+        }
+        ok
+    }
+
+    /// When a pending timer is due: its deadline rounded up to the tick, as the wheel holds it.
+    /// `None` if it already fired, was cancelled, the id is not from this engine, or the
+    /// deadline is past what an `Instant` holds.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use delaywheel::Timer;
+    ///
+    /// let (timer, _fired) = Timer::builder().build_channel(None).unwrap();
+    /// let at = Instant::now() + Duration::from_secs(5);
+    /// let id = timer.schedule_at("request", at).unwrap();
+    /// let due = timer.deadline(id).unwrap();
+    /// assert!(due >= at && due - at < Duration::from_millis(1)); // the default 1 ms tick
+    /// timer.cancel(id);
+    /// assert_eq!(timer.deadline(id), None);
+    /// ```
+    pub fn deadline(&self, id: TimerId) -> Option<Instant> {
+        let shard = self.core.shard_of(id)?;
+        let tick = shard.lock().wheel.deadline(id.key)?;
+        self.core.ticks.instant_of(tick)
+    }
+
     /// Pending timers, over all shards.
     pub fn len(&self) -> usize {
         self.core.shards.iter().map(|s| s.lock().wheel.len()).sum()
