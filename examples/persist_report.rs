@@ -108,7 +108,7 @@ fn waiting_engine(
 fn schedule_all(persist: &Persistent, ids: &[String], payload: &serde_json::Value, first_due: u64) {
     for (i, id) in ids.iter().enumerate() {
         persist
-            .schedule(
+            .schedule_at_ms(
                 id.clone(),
                 "order.close",
                 payload.clone(),
@@ -260,7 +260,7 @@ fn main() {
         let t = Instant::now();
         for id in &ids[..args.pairs] {
             persist
-                .schedule(id.clone(), "order.close", serde_json::Value::Null, far)
+                .schedule_at_ms(id.clone(), "order.close", serde_json::Value::Null, far)
                 .expect("schedule");
             persist.cancel(id);
         }
@@ -295,7 +295,7 @@ fn main() {
                 }
                 let t = Instant::now();
                 persist
-                    .schedule(
+                    .schedule_at_ms(
                         format!("probe:{i}"),
                         "order.close",
                         serde_json::Value::Null,

@@ -132,7 +132,7 @@ fn produce(rt: &tokio::runtime::Runtime, producer: &Producer, work: &[(String, u
                         id.clone(),
                         "job",
                         serde_json::Value::Null,
-                        When::At(now + delay),
+                        When::AtMs(now + delay),
                     )
                 })
                 .collect();

@@ -114,7 +114,7 @@ fn the_engine_persistence_and_queue_publish_their_metrics() {
     let mut server = redis_server::RedisServer::start();
     let (p, _fired) = Persistent::start(PersistConfig::new(server.url(), "m")).unwrap();
     for i in 0..10 {
-        p.schedule(
+        p.schedule_at_ms(
             format!("t{i}"),
             "t",
             serde_json::Value::Null,
@@ -124,7 +124,7 @@ fn the_engine_persistence_and_queue_publish_their_metrics() {
     }
     assert!(p.flush(Duration::from_secs(30)));
     server.kill();
-    p.schedule("down", "t", serde_json::Value::Null, now_ms() + 60_000)
+    p.schedule_at_ms("down", "t", serde_json::Value::Null, now_ms() + 60_000)
         .unwrap();
     assert!(!p.flush(Duration::from_millis(300)));
     // Each retry round publishes the journal's depth and lag: the unwritten change shows.
@@ -161,7 +161,7 @@ fn the_engine_persistence_and_queue_publish_their_metrics() {
     let mut cfg = PersistConfig::new(empty.url(), "lossy");
     cfg.engine_lease = Duration::from_millis(600);
     let (p, _fired) = Persistent::start(cfg).unwrap();
-    p.schedule("kept", "t", serde_json::Value::Null, now_ms() + 60_000)
+    p.schedule_at_ms("kept", "t", serde_json::Value::Null, now_ms() + 60_000)
         .unwrap();
     assert!(p.flush(Duration::from_secs(30)));
     empty.restart();

@@ -30,7 +30,7 @@ fn child_schedules_write_through_until_killed() {
     let out = std::io::stdout();
     for i in 0u64.. {
         let id = format!("order:{i}");
-        p.schedule(
+        p.schedule_at_ms(
             id.clone(),
             "order.close",
             serde_json::json!({ "i": i }),
@@ -127,7 +127,7 @@ fn redis_sigkilled_mid_load_loses_nothing_while_the_wheel_keeps_firing() {
             while !stop.load(SeqCst) {
                 i += 1;
                 let id = format!("long{i}");
-                p.schedule(id.clone(), "t", serde_json::json!(i), now_ms() + 3_600_000)
+                p.schedule_at_ms(id.clone(), "t", serde_json::json!(i), now_ms() + 3_600_000)
                     .unwrap();
                 long.insert(id);
                 if i % 3 == 0 {
@@ -135,7 +135,7 @@ fn redis_sigkilled_mid_load_loses_nothing_while_the_wheel_keeps_firing() {
                     assert!(p.cancel(&victim));
                     long.remove(&victim);
                 }
-                p.schedule(
+                p.schedule_at_ms(
                     format!("short{i}"),
                     "t",
                     serde_json::Value::Null,

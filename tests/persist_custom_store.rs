@@ -258,7 +258,7 @@ fn the_engine_persists_and_restores_through_another_store() {
         let (p, _fired) = Persistent::with_store(cfg.clone(), store.clone()).unwrap();
         p.restore(100).unwrap(); // snapshots need a completed restore
         for i in 0..1_000 {
-            p.schedule(format!("t{i}"), "topic", serde_json::json!(i), far)
+            p.schedule_at_ms(format!("t{i}"), "topic", serde_json::json!(i), far)
                 .unwrap();
         }
         for i in 0..100 {
@@ -303,7 +303,7 @@ fn a_store_that_panics_is_retried_like_one_that_is_down() {
     // The round's write panics, and so does the first retry.
     store.panics.store(2, SeqCst);
     for i in 0..100 {
-        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
     }
     assert!(
@@ -329,7 +329,8 @@ fn a_store_that_panics_is_retried_like_one_that_is_down() {
     assert_eq!(store.ids(), expected);
 
     // The flusher still runs.
-    p.schedule("after", "t", serde_json::json!(0), far).unwrap();
+    p.schedule_at_ms("after", "t", serde_json::json!(0), far)
+        .unwrap();
     assert!(p.flush(PATIENCE));
     assert!(store.ids().contains("after"));
 }
@@ -363,7 +364,7 @@ fn a_waiting_caller_does_not_cut_the_backoff_short() {
     let (p, _fired) =
         Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone()).unwrap();
     store.down.store(true, SeqCst);
-    p.schedule("a", "t", serde_json::json!(0), now_ms() + 3_600_000)
+    p.schedule_at_ms("a", "t", serde_json::json!(0), now_ms() + 3_600_000)
         .unwrap();
     let before = store.calls.load(SeqCst);
     assert!(!p.flush(Duration::from_millis(1_500)));
@@ -396,18 +397,24 @@ fn a_task_scheduled_again_is_stored_with_its_last_envelope() {
         (envelope.payload, envelope.due_at)
     };
     // Both in one flush window.
-    p.schedule("a", "t", serde_json::json!(1), far).unwrap();
-    p.schedule("a", "t", serde_json::json!(2), far + 1).unwrap();
+    p.schedule_at_ms("a", "t", serde_json::json!(1), far)
+        .unwrap();
+    p.schedule_at_ms("a", "t", serde_json::json!(2), far + 1)
+        .unwrap();
     // The first written, then replaced.
-    p.schedule("b", "t", serde_json::json!(1), far).unwrap();
+    p.schedule_at_ms("b", "t", serde_json::json!(1), far)
+        .unwrap();
     assert!(p.flush(PATIENCE));
     assert_eq!(stored("b"), (serde_json::json!(1), far));
-    p.schedule("b", "t", serde_json::json!(2), far + 1).unwrap();
+    p.schedule_at_ms("b", "t", serde_json::json!(2), far + 1)
+        .unwrap();
     // The first is in the failing rounds when the second comes.
     store.down.store(true, SeqCst);
-    p.schedule("c", "t", serde_json::json!(1), far).unwrap();
+    p.schedule_at_ms("c", "t", serde_json::json!(1), far)
+        .unwrap();
     assert!(!p.flush(Duration::from_millis(200)));
-    p.schedule("c", "t", serde_json::json!(2), far + 1).unwrap();
+    p.schedule_at_ms("c", "t", serde_json::json!(2), far + 1)
+        .unwrap();
     store.down.store(false, SeqCst);
     assert!(p.flush(PATIENCE));
     for id in ["a", "b", "c"] {
@@ -432,7 +439,7 @@ fn a_failed_round_returns_what_it_did_not_send_and_later_cancels_reach_the_store
     let far = now_ms() + 3_600_000;
     let ids: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
     for id in &ids {
-        p.schedule(id.as_str(), "t", serde_json::json!(1), far)
+        p.schedule_at_ms(id.as_str(), "t", serde_json::json!(1), far)
             .unwrap();
     }
     assert!(p.flush(PATIENCE));
@@ -448,7 +455,7 @@ fn a_failed_round_returns_what_it_did_not_send_and_later_cancels_reach_the_store
     // Meanwhile every task is scheduled again: the journal the round took still holds the
     // removals of the stored versions.
     for id in &ids {
-        p.schedule(id.as_str(), "t", serde_json::json!(2), far)
+        p.schedule_at_ms(id.as_str(), "t", serde_json::json!(2), far)
             .unwrap();
     }
     store.paused.store(false, SeqCst);
@@ -587,7 +594,7 @@ fn stored(ids: impl Iterator<Item = String>) -> MemStore {
     let store = MemStore::default();
     let p = engine(&store);
     for (i, id) in ids.enumerate() {
-        p.schedule(id, "t", serde_json::json!(i), now_ms() + 3_600_000)
+        p.schedule_at_ms(id, "t", serde_json::json!(i), now_ms() + 3_600_000)
             .unwrap();
     }
     p.shutdown();
@@ -616,11 +623,13 @@ fn a_cancel_of_a_reused_id_still_removes_the_stored_version() {
     let store = MemStore::default();
     let p = engine(&store);
     let far = now_ms() + 3_600_000;
-    p.schedule("a", "t", serde_json::json!(1), far).unwrap();
+    p.schedule_at_ms("a", "t", serde_json::json!(1), far)
+        .unwrap();
     assert!(p.flush(PATIENCE));
     assert!(store.ids().contains("a"));
     assert!(p.cancel("a"));
-    p.schedule("a", "t", serde_json::json!(2), far).unwrap();
+    p.schedule_at_ms("a", "t", serde_json::json!(2), far)
+        .unwrap();
     assert!(p.cancel("a"));
     assert!(p.flush(PATIENCE));
     assert!(store.ids().is_empty(), "the cancelled task is still stored");
@@ -637,14 +646,16 @@ fn restore_keeps_a_task_scheduled_again_and_a_cancel_still_removes_it() {
     {
         let p = engine(&store);
         for id in ["kept", "other"] {
-            p.schedule(id, "t", serde_json::json!(1), far).unwrap();
+            p.schedule_at_ms(id, "t", serde_json::json!(1), far)
+                .unwrap();
         }
         p.shutdown();
     }
     let mut cfg = PersistConfig::new("unused://", "unused");
     cfg.flush_interval = Duration::from_secs(3_600); // only the explicit flush below writes
     let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
-    p.schedule("kept", "t", serde_json::json!(2), far).unwrap();
+    p.schedule_at_ms("kept", "t", serde_json::json!(2), far)
+        .unwrap();
     let report = p.restore(1).unwrap();
     assert_eq!(report.loaded, 1, "other; kept was held already");
     assert!(p.cancel("kept"));
@@ -681,16 +692,16 @@ fn a_replaced_task_is_not_delivered_by_the_timer_of_its_old_version() {
     let (p, fired) = Persistent::with_store(cfg, store.clone()).unwrap();
     // "block" fills the fired queue, "busy" then holds the delivery worker, and "a" waits
     // behind it in the timer's callback queue.
-    p.schedule("block", "t", serde_json::Value::Null, start + 1)
+    p.schedule_at_ms("block", "t", serde_json::Value::Null, start + 1)
         .unwrap();
-    p.schedule("busy", "t", serde_json::Value::Null, start + 2)
+    p.schedule_at_ms("busy", "t", serde_json::Value::Null, start + 2)
         .unwrap();
-    p.schedule("a", "t", serde_json::json!(1), start + 3)
+    p.schedule_at_ms("a", "t", serde_json::json!(1), start + 3)
         .unwrap();
     clock.advance(Duration::from_millis(5));
     // Let the driver take all three out of the wheel (it runs on its own thread).
     std::thread::sleep(Duration::from_millis(200));
-    p.schedule("a", "t", serde_json::json!(2), start + 3_600_000)
+    p.schedule_at_ms("a", "t", serde_json::json!(2), start + 3_600_000)
         .unwrap();
     let first: Vec<String> = (0..2)
         .map(|_| fired.recv_timeout(PATIENCE).unwrap().id)
@@ -720,7 +731,9 @@ fn write_through_that_shutdown_interrupts_is_handed_back_once() {
     store.down.store(true, SeqCst);
     let scheduler = {
         let p = p.clone();
-        std::thread::spawn(move || p.schedule("a", "t", serde_json::json!(1), now_ms() + 60_000))
+        std::thread::spawn(move || {
+            p.schedule_at_ms("a", "t", serde_json::json!(1), now_ms() + 60_000)
+        })
     };
     std::thread::sleep(Duration::from_millis(100));
     let unwritten = p.shutdown();
@@ -753,14 +766,14 @@ fn write_through_with_a_timeout_reports_an_unconfirmed_task_that_still_lands() {
     let store = MemStore::default();
     let p = write_through_within_200ms(&store, 1_000_000);
     // Confirmed while the store is up.
-    p.schedule("up", "t", serde_json::json!(0), now_ms() + 60_000)
+    p.schedule_at_ms("up", "t", serde_json::json!(0), now_ms() + 60_000)
         .unwrap();
     assert!(store.ids().contains("up"));
 
     store.down.store(true, SeqCst);
     let started = std::time::Instant::now();
     for id in ["kept", "withdrawn"] {
-        match p.schedule(id, "t", serde_json::json!(1), now_ms() + 60_000) {
+        match p.schedule_at_ms(id, "t", serde_json::json!(1), now_ms() + 60_000) {
             Err(PersistError::Unconfirmed(back)) => assert_eq!(back, id),
             other => panic!("WriteThrough with the store down returned {other:?}"),
         }
@@ -793,11 +806,11 @@ fn write_through_timeout_also_bounds_the_wait_for_room() {
     let p = write_through_within_200ms(&store, 1);
     store.down.store(true, SeqCst);
     assert!(matches!(
-        p.schedule("first", "t", serde_json::json!(1), now_ms() + 60_000),
+        p.schedule_at_ms("first", "t", serde_json::json!(1), now_ms() + 60_000),
         Err(PersistError::Unconfirmed(_))
     ));
     let started = std::time::Instant::now();
-    match p.schedule("second", "t", serde_json::json!(2), now_ms() + 60_000) {
+    match p.schedule_at_ms("second", "t", serde_json::json!(2), now_ms() + 60_000) {
         Err(PersistError::JournalFull(back)) => assert_eq!(back.id, "second"),
         other => panic!("a full journal past the timeout returned {other:?}"),
     }
@@ -845,7 +858,7 @@ fn the_journal_bound_counts_what_a_round_in_progress_took() {
     let far = now_ms() + 3_600_000;
     let full = |p: &Persistent<MemStore>, id: String| {
         matches!(
-            p.schedule(id, "t", serde_json::Value::Null, far),
+            p.schedule_at_ms(id, "t", serde_json::Value::Null, far),
             Err(PersistError::JournalFull(_))
         )
     };
@@ -854,7 +867,7 @@ fn the_journal_bound_counts_what_a_round_in_progress_took() {
     // writing it and letting more in.
     store.paused.store(true, SeqCst);
     for i in 0..10 {
-        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
     }
     assert!(full(&p, "t10".into()));
@@ -906,7 +919,7 @@ fn failed_writes_wait_in_the_journal_while_a_snapshot_is_held_back() {
     let ((), restored) = during_a_held_restore(&store, &p, || {
         assert_eq!(p.snapshot(Duration::from_millis(10)), None, "held back");
         store.down.store(true, SeqCst);
-        p.schedule("w", "t", serde_json::Value::Null, now_ms() + 3_600_000)
+        p.schedule_at_ms("w", "t", serde_json::Value::Null, now_ms() + 3_600_000)
             .unwrap();
         assert!(!p.flush(Duration::from_millis(100)));
         store.down.store(false, SeqCst);
@@ -951,7 +964,7 @@ fn a_failed_restore_holds_snapshots_back() {
     // completed rewrote the whole set, unasked.)
     store.rows_panic.store(false, SeqCst);
     p.restore(100).unwrap();
-    p.schedule("z", "t", serde_json::Value::Null, now_ms() + 3_600_000)
+    p.schedule_at_ms("z", "t", serde_json::Value::Null, now_ms() + 3_600_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
     assert_eq!(
@@ -975,7 +988,7 @@ fn a_row_for_a_task_cancelled_during_the_restore_is_removed() {
     let store = stored((0..30).map(|i| format!("t{i:02}")));
     let p = engine(&store);
     let ((), restored) = during_a_held_restore(&store, &p, || {
-        p.schedule("t25", "t", serde_json::Value::Null, now_ms() + 3_600_000)
+        p.schedule_at_ms("t25", "t", serde_json::Value::Null, now_ms() + 3_600_000)
             .unwrap();
         assert!(p.cancel("t25"));
     });
@@ -1003,7 +1016,7 @@ fn schedule_b_while_it_is_dead_lettered(store: &MemStore, p: &Persistent<MemStor
     wait_until("the dead-lettering to start", || {
         store.dead_waiting.load(SeqCst) > 0
     });
-    p.schedule("b", "t", serde_json::json!("new"), now_ms() + 3_600_000)
+    p.schedule_at_ms("b", "t", serde_json::json!("new"), now_ms() + 3_600_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
 }
@@ -1039,7 +1052,7 @@ fn a_failed_snapshot_with_the_longest_flush_interval_keeps_the_flusher() {
     cfg.flush_interval = Duration::MAX;
     let p = Persistent::with_store(cfg, store.clone()).unwrap().0;
     p.restore(100).unwrap();
-    p.schedule("a", "t", serde_json::json!(1), now_ms() + 3_600_000)
+    p.schedule_at_ms("a", "t", serde_json::json!(1), now_ms() + 3_600_000)
         .unwrap();
     store.snapshots_fail.store(true, SeqCst);
     assert_eq!(p.snapshot(Duration::from_millis(200)), None);
@@ -1093,7 +1106,7 @@ fn a_cancel_removes_a_broken_row_the_restore_left_for_a_held_id() {
         wait_until("the second page to be read", || {
             store.rows_waiting.load(SeqCst) > 0
         });
-        p.schedule("x", "t", serde_json::json!("new"), now_ms() + 3_600_000)
+        p.schedule_at_ms("x", "t", serde_json::json!("new"), now_ms() + 3_600_000)
             .unwrap();
         store.rows_paused.store(false, SeqCst);
         assert_eq!(restore.join().unwrap().unwrap().dead_lettered, 0);
@@ -1212,11 +1225,11 @@ fn a_shutdown_with_the_store_down_hands_back_the_unwritten_tasks() {
         p.flush(Duration::ZERO),
         "nothing journaled is already flushed"
     );
-    p.schedule("kept", "t", serde_json::json!(1), now_ms() + 3_600_000)
+    p.schedule_at_ms("kept", "t", serde_json::json!(1), now_ms() + 3_600_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
     store.down.store(true, SeqCst);
-    p.schedule("new", "t", serde_json::json!(2), now_ms() + 3_600_000)
+    p.schedule_at_ms("new", "t", serde_json::json!(2), now_ms() + 3_600_000)
         .unwrap();
     assert!(p.cancel("kept"));
     let back = p.shutdown();
@@ -1239,7 +1252,7 @@ fn down_with_100_changes() -> (MemStore, Persistent<MemStore>) {
     let far = now_ms() + 3_600_000;
     store.down.store(true, SeqCst);
     for i in 0..100 {
-        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
     }
     assert!(!p.flush(Duration::from_millis(50)), "the store is down");
@@ -1325,7 +1338,7 @@ fn a_snapshot_that_keeps_failing_does_not_stop_the_journal() {
     assert_eq!(p.snapshot(Duration::from_millis(50)), None);
     let far = now_ms() + 3_600_000;
     for i in 0..1_000 {
-        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
     }
     // Two journal rounds, each after a failed snapshot and its backoff (20 ms). Counted in
@@ -1361,7 +1374,7 @@ fn a_snapshot_that_keeps_failing_backs_off_while_the_journal_flows() {
     let mut i = 0;
     // Two seconds of writes, each flushed: the journal rounds all succeed.
     while start.elapsed() < Duration::from_secs(2) {
-        p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
             .unwrap();
         assert!(p.flush(PATIENCE));
         i += 1;
@@ -1391,7 +1404,8 @@ fn a_failed_snapshot_keeps_the_removal_of_a_version_scheduled_again_meanwhile() 
     let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
     p.restore(100).unwrap(); // snapshots need a completed restore
     let far = now_ms() + 3_600_000;
-    p.schedule("x", "t", serde_json::json!(0), far).unwrap();
+    p.schedule_at_ms("x", "t", serde_json::json!(0), far)
+        .unwrap();
     assert!(p.flush(PATIENCE));
     assert!(store.ids().contains("x"));
     assert!(p.cancel("x"));
@@ -1402,7 +1416,8 @@ fn a_failed_snapshot_keeps_the_removal_of_a_version_scheduled_again_meanwhile() 
         wait_until("the snapshot to be out", || {
             store.snapshot_waiting.load(SeqCst) > 0
         });
-        p.schedule("x", "t", serde_json::json!(2), far).unwrap();
+        p.schedule_at_ms("x", "t", serde_json::json!(2), far)
+            .unwrap();
         // The snapshot's removal of x, and x's new upsert.
         assert_eq!(p.journal_depth(), 2);
         store.snapshot_paused.store(false, SeqCst);
@@ -1428,8 +1443,10 @@ fn snapshot_waits_for_a_snapshot_taken_after_the_call() {
     let p = engine(&store);
     p.restore(100).unwrap(); // snapshots need a completed restore
     let far = now_ms() + 3_600_000;
-    p.schedule("x", "t", serde_json::json!(0), far).unwrap();
-    p.schedule("y", "t", serde_json::json!(1), far).unwrap();
+    p.schedule_at_ms("x", "t", serde_json::json!(0), far)
+        .unwrap();
+    p.schedule_at_ms("y", "t", serde_json::json!(1), far)
+        .unwrap();
     assert!(p.flush(PATIENCE));
     store.snapshot_paused.store(true, SeqCst);
     std::thread::scope(|s| {
@@ -1460,7 +1477,7 @@ fn snapshot_returns_when_a_later_snapshot_lands_after_the_one_out_fails() {
     let store = MemStore::default();
     let p = engine(&store);
     p.restore(100).unwrap(); // snapshots need a completed restore
-    p.schedule("x", "t", serde_json::json!(0), now_ms() + 3_600_000)
+    p.schedule_at_ms("x", "t", serde_json::json!(0), now_ms() + 3_600_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
     store.snapshot_paused.store(true, SeqCst);
@@ -1498,13 +1515,13 @@ fn a_store_panic_whose_payload_panics_when_dropped_is_retried() {
     let store = MemStore::default();
     let p = engine(&store);
     p.restore(100).unwrap(); // snapshots need a completed restore
-    p.schedule("x", "t", serde_json::json!(0), now_ms() + 3_600_000)
+    p.schedule_at_ms("x", "t", serde_json::json!(0), now_ms() + 3_600_000)
         .unwrap();
     store.panic_bombs.store(true, SeqCst);
     store.panics.store(1, SeqCst);
     assert_eq!(p.snapshot(PATIENCE), Some(1));
     assert_eq!(store.panics.load(SeqCst), 0, "the store call did not panic");
-    p.schedule("y", "t", serde_json::json!(1), now_ms() + 3_600_000)
+    p.schedule_at_ms("y", "t", serde_json::json!(1), now_ms() + 3_600_000)
         .unwrap();
     assert!(p.flush(PATIENCE), "the flusher is gone");
     assert_eq!(store.ids().len(), 2);
@@ -1519,7 +1536,7 @@ fn a_store_panic_whose_payload_panics_when_dropped_is_retried() {
 fn a_snapshot_before_any_restore_is_refused_and_deletes_nothing() {
     let store = stored((0..5).map(|i| format!("old{i}")));
     let p = engine(&store);
-    p.schedule("new", "t", serde_json::json!(0), now_ms() + 3_600_000)
+    p.schedule_at_ms("new", "t", serde_json::json!(0), now_ms() + 3_600_000)
         .unwrap();
     assert_eq!(p.snapshot(PATIENCE), None);
     assert!(p.flush(PATIENCE));
@@ -1546,7 +1563,7 @@ fn a_snapshot_before_any_restore_is_refused_and_deletes_nothing() {
 fn a_cancel_before_the_restore_removes_the_stored_version() {
     let store = stored(["a".to_string(), "b".to_string()].into_iter());
     let p = engine(&store);
-    p.schedule("a", "t", serde_json::json!("v2"), now_ms() + 3_600_000)
+    p.schedule_at_ms("a", "t", serde_json::json!("v2"), now_ms() + 3_600_000)
         .unwrap();
     assert!(p.cancel("a"));
     let report = p.restore(100).unwrap();
@@ -1608,10 +1625,10 @@ fn an_ack_of_a_replaced_version_leaves_the_new_one() {
     let (p, fired) =
         Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone()).unwrap();
     p.restore(100).unwrap();
-    p.schedule("a", "t", serde_json::json!("v1"), now_ms())
+    p.schedule_at_ms("a", "t", serde_json::json!("v1"), now_ms())
         .unwrap();
     let v1 = fired.recv_timeout(PATIENCE).unwrap();
-    p.schedule("a", "t", serde_json::json!("v2"), now_ms())
+    p.schedule_at_ms("a", "t", serde_json::json!("v2"), now_ms())
         .unwrap();
     let v2 = fired.recv_timeout(PATIENCE).unwrap();
     assert_eq!(v2.payload, "v2");
@@ -1650,7 +1667,7 @@ fn a_full_journal_asks_for_a_round_at_once() {
         // sleeps for the interval, with changes left in the journal.
         wait_until("the first round", || p.flush(Duration::from_millis(10)));
         for i in 0..10 {
-            p.schedule(format!("t{i}"), "t", serde_json::json!(i), far)
+            p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
                 .unwrap();
         }
         // Block: returns once a round made room (on a thread: without the round it would
@@ -1659,7 +1676,7 @@ fn a_full_journal_asks_for_a_round_at_once() {
         let q = p.clone();
         std::thread::spawn(move || {
             while q
-                .schedule("t10", "t", serde_json::Value::Null, far)
+                .schedule_at_ms("t10", "t", serde_json::Value::Null, far)
                 .is_err()
             {
                 std::thread::sleep(Duration::from_millis(1));
@@ -1722,7 +1739,7 @@ proptest::proptest! {
             match op {
                 ModelOp::Schedule(id, v) => {
                     let id = format!("t{id}");
-                    p.schedule(id.clone(), "t", serde_json::json!(v), far).unwrap();
+                    p.schedule_at_ms(id.clone(), "t", serde_json::json!(v), far).unwrap();
                     model.insert(id, v);
                 }
                 ModelOp::Cancel(id) => {

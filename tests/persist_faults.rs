@@ -202,7 +202,7 @@ fn fast_lease(server: &RedisServer, ns: &str) -> PersistConfig {
 fn schedule_n(p: &Persistent, prefix: &str, n: usize) {
     let later = now_ms() + 3_600_000;
     for i in 0..n {
-        p.schedule(format!("{prefix}:{i}"), "t", serde_json::Value::Null, later)
+        p.schedule_at_ms(format!("{prefix}:{i}"), "t", serde_json::Value::Null, later)
             .unwrap();
     }
 }
@@ -306,7 +306,7 @@ fn a_batch_that_meets_a_wrong_typed_due_key_is_taken_back() {
             .unwrap_or(0)
     };
     let before = execs(&mut conn);
-    p.schedule("t1", "t", serde_json::Value::Null, now_ms() + 3_600_000)
+    p.schedule_at_ms("t1", "t", serde_json::Value::Null, now_ms() + 3_600_000)
         .unwrap();
     assert!(!p.flush(Duration::from_millis(500)), "written to a string");
     assert!(execs(&mut conn) > before, "no batch was sent");

@@ -1524,7 +1524,7 @@ async fn the_redis_layer_starts_and_stops_from_async_code() {
     let persist_cfg = delaywheel::redis::PersistConfig::new(server.url(), "async_persist");
     let (engine, _fired) = delaywheel::redis::Persistent::start(persist_cfg.clone()).unwrap();
     engine
-        .schedule("x", "t", serde_json::Value::Null, now_ms() + 60_000)
+        .schedule_at_ms("x", "t", serde_json::Value::Null, now_ms() + 60_000)
         .unwrap();
     engine.shutdown();
     drop(engine);
@@ -1803,7 +1803,7 @@ fn an_enqueue_whose_reply_is_lost_is_not_sent_again() {
             id.to_owned(),
             "job",
             serde_json::Value::Null,
-            When::At(now_ms() + 3_600_000),
+            When::AtMs(now_ms() + 3_600_000),
         ))
     };
     // Through the proxy, with the script loaded, as a running producer is.
@@ -1860,7 +1860,7 @@ fn an_enqueue_follows_its_slot_to_another_node() {
         id.clone(),
         "job",
         serde_json::Value::Null,
-        When::At(now_ms() + 3_600_000),
+        When::AtMs(now_ms() + 3_600_000),
     ));
     assert!(matches!(sent, Ok(true)), "{sent:?}");
     let held: bool = redis::cmd("HEXISTS")

@@ -149,7 +149,7 @@ fn an_envelope_with_no_queue_entry_blocks_nothing_and_is_swept_after_the_grace_p
         .query::<()>(&mut conn)
         .unwrap();
     assert!(
-        rt.block_on(p.enqueue("left", "job", serde_json::json!("mine"), When::At(now)))
+        rt.block_on(p.enqueue("left", "job", serde_json::json!("mine"), When::AtMs(now)))
             .unwrap(),
         "an envelope with no queue entry blocked the enqueue"
     );

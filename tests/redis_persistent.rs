@@ -63,7 +63,7 @@ fn tasks_survive_a_restart_and_fire_once_each_at_their_due_tick() {
         for i in 0..n {
             let due = start + 1 + i % 1_000; // 100 tasks per millisecond for one second
             first
-                .schedule(
+                .schedule_at_ms(
                     format!("order:{i}"),
                     "order.close",
                     serde_json::json!({ "i": i }),
@@ -129,7 +129,7 @@ fn scheduled_and_cancelled_within_a_window_costs_no_redis_command() {
         command_calls(&server, "zrem"),
     );
     for i in 0..1_000 {
-        p.schedule(
+        p.schedule_at_ms(
             format!("req:{i}"),
             "timeout",
             serde_json::Value::Null,
@@ -143,7 +143,7 @@ fn scheduled_and_cancelled_within_a_window_costs_no_redis_command() {
     assert_eq!(command_calls(&server, "zadd"), zadd);
     assert_eq!(command_calls(&server, "zrem"), zrem);
     // A task that did reach Redis costs one ZREM when cancelled.
-    p.schedule("kept", "t", serde_json::Value::Null, now_ms() + 60_000)
+    p.schedule_at_ms("kept", "t", serde_json::Value::Null, now_ms() + 60_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
     assert_eq!(redis_int(&server, &["ZCARD", "{coalesce}:due"]), 1);
@@ -166,7 +166,7 @@ fn redis_down_bound_exceeded_refuses_and_the_flusher_catches_up() {
     server.kill();
     // 49 tasks an hour away and one due now fill the journal to its bound of 50.
     for i in 0..49 {
-        p.schedule(
+        p.schedule_at_ms(
             format!("t{i}"),
             "t",
             serde_json::Value::Null,
@@ -174,9 +174,9 @@ fn redis_down_bound_exceeded_refuses_and_the_flusher_catches_up() {
         )
         .unwrap();
     }
-    p.schedule("now", "t", serde_json::Value::Null, now_ms())
+    p.schedule_at_ms("now", "t", serde_json::Value::Null, now_ms())
         .unwrap();
-    match p.schedule("t50", "t", serde_json::json!("handed back"), now_ms()) {
+    match p.schedule_at_ms("t50", "t", serde_json::json!("handed back"), now_ms()) {
         Err(PersistError::JournalFull(envelope)) => {
             assert_eq!(
                 (envelope.id.as_str(), &envelope.payload),
@@ -211,7 +211,7 @@ fn cancels_reach_a_redis_at_maxmemory_that_refuses_writes() {
     let (p, _fired) = Persistent::start(cfg).unwrap();
     let later = now_ms() + 3_600_000;
     for i in 0..300 {
-        p.schedule(format!("old{i}"), "t", serde_json::Value::Null, later)
+        p.schedule_at_ms(format!("old{i}"), "t", serde_json::Value::Null, later)
             .unwrap();
     }
     assert!(p.flush(PATIENCE));
@@ -231,7 +231,7 @@ fn cancels_reach_a_redis_at_maxmemory_that_refuses_writes() {
     set_maxmemory(&mut conn, "1");
     // One round: 200 writes Redis refuses, 30 cancels it takes.
     for i in 0..200 {
-        p.schedule(format!("new{i}"), "t", serde_json::Value::Null, later)
+        p.schedule_at_ms(format!("new{i}"), "t", serde_json::Value::Null, later)
             .unwrap();
     }
     for i in 0..30 {
@@ -270,7 +270,7 @@ fn a_new_engine_waits_for_the_old_ones_shutdown_and_restores_its_last_tasks() {
     let cfg = config(&server, "deploy");
     let (old, _old_fired) = Persistent::start(cfg.clone()).unwrap();
     let later = now_ms() + 3_600_000;
-    old.schedule("early", "t", serde_json::Value::Null, later)
+    old.schedule_at_ms("early", "t", serde_json::Value::Null, later)
         .unwrap();
     let (started_tx, started) = crossbeam_channel::bounded(1);
     let begun = Instant::now();
@@ -284,7 +284,7 @@ fn a_new_engine_waits_for_the_old_ones_shutdown_and_restores_its_last_tasks() {
         started.recv_timeout(Duration::from_millis(500)).is_err(),
         "the new engine started beside the old one"
     );
-    old.schedule("last", "t", serde_json::Value::Null, later)
+    old.schedule_at_ms("last", "t", serde_json::Value::Null, later)
         .unwrap();
     assert!(old.shutdown().is_empty());
     let waited = started.recv_timeout(PATIENCE).unwrap();
@@ -350,7 +350,7 @@ fn an_engine_that_lost_its_lease_writes_nothing_again() {
     cfg.engine_lease = Duration::from_secs(1);
     let (p, _fired) = Persistent::start(cfg).unwrap();
     let later = now_ms() + 3_600_000;
-    p.schedule("before", "t", serde_json::Value::Null, later)
+    p.schedule_at_ms("before", "t", serde_json::Value::Null, later)
         .unwrap();
     assert!(p.flush(PATIENCE));
     let client = redis::Client::open(server.url()).unwrap();
@@ -375,7 +375,7 @@ fn an_engine_that_lost_its_lease_writes_nothing_again() {
         }
     }
     // A task it would never write is refused, and handed back, not taken with an `Ok`.
-    match p.schedule("after", "t", serde_json::Value::Null, later) {
+    match p.schedule_at_ms("after", "t", serde_json::Value::Null, later) {
         Err(PersistError::LeaseLost(holder, envelope)) => {
             assert_eq!(
                 (holder.as_str(), envelope.id.as_str()),
@@ -433,7 +433,7 @@ fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
         assert!(start.elapsed() < PATIENCE, "the lease was not taken back");
         std::thread::sleep(Duration::from_millis(10));
     }
-    p.schedule("resumed", "t", serde_json::Value::Null, later)
+    p.schedule_at_ms("resumed", "t", serde_json::Value::Null, later)
         .unwrap();
     assert!(p.flush(PATIENCE));
     assert_eq!(
@@ -465,7 +465,7 @@ fn a_lapsed_lease_is_taken_back_unless_another_engine_held_it_meanwhile() {
         }
     }
     assert!(matches!(
-        p.schedule("stale", "t", serde_json::Value::Null, later),
+        p.schedule_at_ms("stale", "t", serde_json::Value::Null, later),
         Err(PersistError::LeaseLost(..))
     ));
     p.cancel("resumed");
@@ -522,7 +522,7 @@ fn write_through_returns_once_redis_has_the_task() {
     let (p, _fired) = Persistent::start(cfg).unwrap();
     for i in 0..20 {
         let id = format!("pay:{i}");
-        p.schedule(
+        p.schedule_at_ms(
             id.clone(),
             "payment.expire",
             serde_json::Value::Null,
@@ -541,7 +541,7 @@ fn write_through_returns_once_redis_has_the_task() {
 fn restore_dead_letters_broken_entries_and_loads_the_rest() {
     let server = RedisServer::start();
     let (p, _fired) = Persistent::start(config(&server, "junk")).unwrap();
-    p.schedule("ok", "t", serde_json::Value::Null, now_ms() + 60_000)
+    p.schedule_at_ms("ok", "t", serde_json::Value::Null, now_ms() + 60_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
     drop(p);
@@ -604,14 +604,14 @@ fn oversized_payloads_are_refused_with_the_envelope() {
     cfg.max_envelope = 256;
     let (p, _fired) = Persistent::start(cfg).unwrap();
     let big = serde_json::json!("x".repeat(1_000));
-    match p.schedule("big", "t", big.clone(), now_ms()) {
+    match p.schedule_at_ms("big", "t", big.clone(), now_ms()) {
         Err(PersistError::Envelope(_, envelope)) => assert_eq!(envelope.payload, big),
         other => panic!("expected an envelope error, got {other:?}"),
     }
     // A payload nested deeper than decoding reads back: refused, not stored to be lost.
     let deep = (0..=delaywheel::redis::MAX_PAYLOAD_DEPTH)
         .fold(serde_json::json!(1), |v, _| serde_json::json!([v]));
-    match p.schedule("deep", "t", deep.clone(), now_ms()) {
+    match p.schedule_at_ms("deep", "t", deep.clone(), now_ms()) {
         Err(PersistError::Envelope(EnvelopeError::TooDeep { .. }, envelope)) => {
             assert_eq!(envelope.payload, deep)
         }
@@ -628,7 +628,7 @@ fn restore_with_a_huge_page_size_works() {
     {
         let (p, _fired) = Persistent::start(config(&server, "huge_page")).unwrap();
         for i in 0..300 {
-            p.schedule(
+            p.schedule_at_ms(
                 format!("t{i}"),
                 "t",
                 serde_json::Value::Null,
@@ -651,7 +651,7 @@ fn snapshot_makes_redis_match_memory_exactly_and_retries_while_redis_is_down() {
     let mut expected = HashSet::new();
     for i in 0..2_000 {
         let id = format!("o{i}");
-        p.schedule(id.clone(), "t", serde_json::json!(i), now_ms() + 3_600_000)
+        p.schedule_at_ms(id.clone(), "t", serde_json::json!(i), now_ms() + 3_600_000)
             .unwrap();
         expected.insert(id);
     }
@@ -811,7 +811,7 @@ fn acl_users_and_passwords_work_through_the_url() {
 
     let (p, _fired) =
         Persistent::start(PersistConfig::new(as_user("app", "s3cret"), "acl")).unwrap();
-    p.schedule("t1", "t", serde_json::Value::Null, now_ms() + 60_000)
+    p.schedule_at_ms("t1", "t", serde_json::Value::Null, now_ms() + 60_000)
         .unwrap();
     assert!(p.flush(PATIENCE));
     assert_eq!(redis_int(&server, &["ZCARD", "{acl}:due"]), 1);
@@ -828,7 +828,7 @@ fn acl_users_and_passwords_work_through_the_url() {
     // A user the ACL keeps off these keys: the engine runs, the writes are refused and held.
     let (p, _fired) =
         Persistent::start(PersistConfig::new(as_user("other", "s3cret"), "acl")).unwrap();
-    p.schedule("t2", "t", serde_json::Value::Null, now_ms() + 60_000)
+    p.schedule_at_ms("t2", "t", serde_json::Value::Null, now_ms() + 60_000)
         .unwrap();
     assert!(!p.flush(Duration::from_millis(300)));
     assert_eq!(p.journal_depth(), 1);
@@ -854,12 +854,12 @@ fn tasks_persist_and_restore_on_a_redis_cluster() {
         for i in 0..n {
             let payload = serde_json::json!({ "i": i });
             engine
-                .schedule(format!("t{i}"), "job", payload, far + i)
+                .schedule_at_ms(format!("t{i}"), "job", payload, far + i)
                 .unwrap();
         }
         for i in 0..soon {
             engine
-                .schedule(format!("soon{i}"), "job", serde_json::Value::Null, due_soon)
+                .schedule_at_ms(format!("soon{i}"), "job", serde_json::Value::Null, due_soon)
                 .unwrap();
             expected.insert(format!("soon{i}"));
         }
@@ -972,12 +972,12 @@ fn a_flush_follows_its_namespace_to_another_node() {
     engine.restore(1_000).unwrap();
     let far = now_ms() + 3_600_000;
     engine
-        .schedule("before", "job", serde_json::Value::Null, far)
+        .schedule_at_ms("before", "job", serde_json::Value::Null, far)
         .unwrap();
     assert!(engine.flush(PATIENCE), "flush before the move");
     let to = cluster.move_slot_of("{moving}:due");
     engine
-        .schedule("after", "job", serde_json::Value::Null, far)
+        .schedule_at_ms("after", "job", serde_json::Value::Null, far)
         .unwrap();
     assert!(engine.flush(PATIENCE), "flush after the move");
     let held: Vec<String> = redis::cmd("ZRANGE")

@@ -83,7 +83,7 @@ fn persistence_works_over_rediss_and_refuses_plain_text() {
 
     let url = format!("rediss://127.0.0.1:{port}/");
     let (p, _fired) = Persistent::start(PersistConfig::new(url.clone(), "tls")).unwrap();
-    p.schedule(
+    p.schedule_at_ms(
         "secure",
         "t",
         serde_json::json!("over TLS"),

@@ -19,11 +19,11 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use delaywheel::redis::{now_ms, PersistConfig, Persistent};
+//! use delaywheel::redis::{PersistConfig, Persistent};
 //!
 //! let (engine, fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
 //! engine.restore(4_000)?; // what the previous process left, 4 000 entries per page
-//! engine.schedule("order:42", "order.close", serde_json::json!({ "order_id": 42 }), now_ms() + 30 * 60_000)?;
+//! engine.schedule("order:42", "order.close", serde_json::json!({ "order_id": 42 }), Duration::from_secs(30 * 60))?;
 //! for task in fired {
 //!     // close the order if it is still unpaid (idempotently), then:
 //!     engine.ack(&task);
@@ -117,6 +117,7 @@ mod persist;
 mod queue;
 mod store_error;
 mod wall_clock;
+mod when;
 
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS, MAX_PAYLOAD_DEPTH};
 pub use layout::{KeyLayout, NamespaceError, NamespaceInUse};
@@ -126,7 +127,8 @@ pub use persist::{
 };
 pub use queue::{
     shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
-    Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy, When,
+    Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy,
 };
 pub use store_error::StoreError;
 pub use wall_clock::{now_ms, WallClock};
+pub use when::When;

@@ -60,6 +60,19 @@ impl WallClock {
         }
     }
 
+    /// Time since the Unix epoch now, to the nanosecond (as `now_ms`, unrounded).
+    pub(crate) fn since_epoch(&self) -> Duration {
+        match &self.0 {
+            Source::System => since_epoch(),
+            Source::Manual {
+                clock,
+                origin,
+                start_ms,
+            } => Duration::from_millis(*start_ms)
+                .saturating_add(clock.now().saturating_duration_since(*origin)),
+        }
+    }
+
     /// A time stamp for [`Envelope::created_at`](super::Envelope::created_at): like
     /// [`now_ms`](Self::now_ms), but a system clock is read through the kernel's coarse
     /// real-time clock where there is one (Linux), which is about one kernel tick (1 to 10 ms)

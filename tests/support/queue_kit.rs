@@ -91,7 +91,12 @@ pub fn enqueue_all(
     rt.block_on(async {
         let results: Vec<_> = futures_util::stream::iter(tasks)
             .map(|(id, due)| {
-                p.enqueue(id, topic.to_owned(), serde_json::Value::Null, When::At(due))
+                p.enqueue(
+                    id,
+                    topic.to_owned(),
+                    serde_json::Value::Null,
+                    When::AtMs(due),
+                )
             })
             .buffer_unordered(64)
             .collect()

@@ -38,6 +38,7 @@ use crate::redis::persist::journal::{Change, Journal};
 use crate::redis::persist::redis_store::RedisStore;
 use crate::redis::persist::task_store::{guarded, TaskStore};
 use crate::redis::wall_clock::Anchor;
+use crate::redis::when::When;
 use crate::{BuildError, Timer, TimerId};
 
 use super::config::*;
@@ -239,10 +240,34 @@ impl<S: TaskStore> Persistent<S> {
         ))
     }
 
-    /// Schedules (or replaces) task `id` to fire at `due_at` ms since the Unix epoch. A due
-    /// time in the past fires at once. Errors that refuse the task hand the envelope back;
+    /// Schedules (or replaces) task `id` to fire at `when`: a [`When`], a `Duration` from
+    /// now (on the engine's [`WallClock`](crate::redis::WallClock)), or a `SystemTime`. A due time in the past fires
+    /// at once. Errors that refuse the task hand the envelope back;
     /// [`PersistError::Unconfirmed`] (`WriteThrough` with a timeout) refuses nothing.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use delaywheel::redis::{PersistConfig, Persistent};
+    ///
+    /// let (engine, _fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
+    /// let close = serde_json::json!({ "order_id": 42 });
+    /// engine.schedule("order:42", "order.close", close, Duration::from_secs(30 * 60))?;
+    /// # Ok::<(), delaywheel::redis::PersistError>(())
+    /// ```
     pub fn schedule(
+        &self,
+        id: impl Into<String>,
+        topic: impl Into<std::borrow::Cow<'static, str>>,
+        payload: serde_json::Value,
+        when: impl Into<When>,
+    ) -> Result<(), PersistError> {
+        let due_at = when.into().due_ms(&self.inner.cfg.clock);
+        self.schedule_at_ms(id, topic, payload, due_at)
+    }
+
+    /// [`schedule`](Self::schedule) with the due time as stored: `due_at` ms since the Unix
+    /// epoch (the same as `When::AtMs(due_at)`).
+    pub fn schedule_at_ms(
         &self,
         id: impl Into<String>,
         topic: impl Into<std::borrow::Cow<'static, str>>,
@@ -800,7 +825,7 @@ mod tests {
         cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
         let (p, fired) = Persistent::with_store(cfg, Accept).unwrap();
         let far = now_ms() + 3_600_000;
-        p.schedule("a", "t", serde_json::json!("x".repeat(1_000)), far)
+        p.schedule_at_ms("a", "t", serde_json::json!("x".repeat(1_000)), far)
             .unwrap();
         (p, fired, far)
     }
@@ -840,10 +865,12 @@ mod tests {
             assert_eq!(state.index.len(), 1);
             key.0.clone()
         };
-        p.schedule("a", "t", serde_json::json!(1), far).unwrap();
+        p.schedule_at_ms("a", "t", serde_json::json!(1), far)
+            .unwrap();
         assert!(p.flush(Duration::from_secs(10)));
         let old = key_of(&p);
-        p.schedule("a", "t", serde_json::json!(2), far).unwrap();
+        p.schedule_at_ms("a", "t", serde_json::json!(2), far)
+            .unwrap();
         assert!(p.flush(Duration::from_secs(10)));
         assert_eq!(Arc::strong_count(&old), 1, "the old envelope is still held");
         assert_eq!(key_of(&p).payload, serde_json::json!(2));
@@ -867,7 +894,8 @@ mod tests {
             .0
              .0
             .clone();
-        p.schedule("a", "t", serde_json::json!(2), far).unwrap();
+        p.schedule_at_ms("a", "t", serde_json::json!(2), far)
+            .unwrap();
         assert_eq!(p.journal_depth(), 1, "one upsert of the id, waiting");
         assert_eq!(Arc::strong_count(&old), 1, "the old envelope is still held");
         assert!(p.flush(Duration::from_secs(10)));

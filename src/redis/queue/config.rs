@@ -15,8 +15,8 @@ use crate::redis::layout::{KeyLayout, NamespaceError, NamespaceInUse};
 use crate::redis::link::{claim_namespaces, Link, QUEUE_ROLE};
 use crate::redis::queue::scripts;
 use crate::redis::store_error::StoreError;
-use crate::redis::wall_clock::now_ms;
-use crate::redis::wall_clock::since_epoch;
+use crate::redis::wall_clock::{now_ms, WallClock};
+use crate::redis::when::When;
 
 /// How long to wait before the next attempt of a failed task.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -398,34 +398,6 @@ impl From<redis::RedisError> for QueueError {
     }
 }
 
-/// When a task runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum When {
-    /// At this time, ms since the Unix epoch.
-    At(u64),
-    /// After this delay from now. A due time past [`MAX_DUE_MS`](crate::redis::MAX_DUE_MS) (2^53 ms
-    /// since the epoch, some 285 000 years) is refused at enqueue with
-    /// [`EnvelopeError::DueTooLate`](crate::redis::EnvelopeError::DueTooLate), envelope handed back.
-    After(Duration),
-}
-
-impl When {
-    fn due_ms(self) -> u64 {
-        match self {
-            When::At(ms) => ms,
-            // The clock and the delay to the nanosecond, rounded up to the millisecond: each
-            // rounded down on its own would make the task due up to 2 ms early.
-            When::After(d) => u64::try_from(
-                since_epoch()
-                    .saturating_add(d)
-                    .as_nanos()
-                    .div_ceil(1_000_000),
-            )
-            .unwrap_or(u64::MAX),
-        }
-    }
-}
-
 /// A dead-lettered task, as [`Producer::dead_letters`] lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadTask {
@@ -552,7 +524,8 @@ impl Producer {
         &self.shards[shard_of(id, self.cfg.shards) as usize]
     }
 
-    /// Enqueues task `id` for `topic` at `when`. Idempotent by id: if `id` is already queued
+    /// Enqueues task `id` for `topic` at `when` (a [`When`], a `Duration` from now, or a
+    /// `SystemTime`). Idempotent by id: if `id` is already queued
     /// (or claimed), nothing changes and `Ok(false)` is returned. An envelope stored under
     /// `id` with no queue entry (another client's, half written or left behind) does not
     /// count: it is written over. Errors hand the envelope back.
@@ -561,7 +534,7 @@ impl Producer {
         id: impl Into<String>,
         topic: impl Into<std::borrow::Cow<'static, str>>,
         payload: serde_json::Value,
-        when: When,
+        when: impl Into<When>,
     ) -> Result<bool, QueueError> {
         let envelope = Envelope {
             id: id.into(),
@@ -569,7 +542,7 @@ impl Producer {
             payload,
             attempt: 0,
             created_at: now_ms(),
-            due_at: when.due_ms(),
+            due_at: when.into().due_ms(&WallClock::system()),
         };
         self.enqueue_envelope(envelope, false).await
     }
@@ -826,15 +799,19 @@ mod tests {
     /// down to the ms, a task 1.9 ms out was due about 1 ms after the call, or at once.
     #[test]
     fn a_delay_never_makes_a_task_due_early() {
+        use crate::redis::wall_clock::since_epoch;
         for delay_us in [1, 999, 1_000, 1_001, 1_900, 2_500_000] {
             let delay = Duration::from_micros(delay_us);
             let before = since_epoch();
-            let due_ms = When::After(delay).due_ms();
+            let due_ms = When::After(delay).due_ms(&WallClock::system());
             assert!(
                 u128::from(due_ms) * 1_000_000 >= (before + delay).as_nanos(),
                 "{delay:?} from {before:?} is due at {due_ms} ms"
             );
         }
-        assert_eq!(When::After(Duration::MAX).due_ms(), u64::MAX);
+        assert_eq!(
+            When::After(Duration::MAX).due_ms(&WallClock::system()),
+            u64::MAX
+        );
     }
 }

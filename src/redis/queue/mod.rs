@@ -13,7 +13,7 @@ pub(crate) mod dedup;
 pub(crate) mod scripts;
 
 pub use config::{
-    shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy, When,
+    shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy,
 };
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dedup::{Begin, Claim, Dedup, DedupError};
