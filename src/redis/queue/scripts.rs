@@ -382,9 +382,11 @@ mod tests {
 
         // A score another client wrote with a fraction (due in the future, so that it sets
         // the batch's expiry) still gives the batch an expiry in whole ms.
+        // 0.5 to 1.5 s out, whatever the millisecond now: `s * 1_000 + 500` was in the past
+        // half the time, and the batch then expired a lease from now (59 999 ms), not after.
         let soon: u64 = redis::cmd("TIME")
             .query::<(u64, u64)>(&mut conn)
-            .map(|(s, _)| s * 1_000 + 500)
+            .map(|(s, _)| s * 1_000 + 1_500)
             .unwrap();
         redis::pipe()
             .cmd("ZADD")
