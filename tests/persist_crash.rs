@@ -106,6 +106,98 @@ fn write_through_acknowledged_ids_survive_a_sigkill_of_the_process() {
     );
 }
 
+/// The child of `confirmed_cancels_survive_a_sigkill_of_the_process`: schedules a task and
+/// cancels it with `cancel_confirmed`, forever, printing each id once the cancel is confirmed.
+/// Every other task is left scheduled, so that the store holds live rows too.
+#[test]
+#[ignore = "run as a child process by confirmed_cancels_survive_a_sigkill_of_the_process"]
+fn child_cancels_confirmed_until_killed() {
+    let url = std::env::var(CHILD_URL).expect("only run as a child process");
+    let (p, _fired) = Persistent::start(PersistConfig::new(url, "cancels")).unwrap();
+    p.restore(1_000).unwrap();
+    let out = std::io::stdout();
+    for i in 0u64.. {
+        let id = format!("order:{i}");
+        p.schedule_at_ms(
+            id.clone(),
+            "order.close",
+            serde_json::json!({ "i": i }),
+            now_ms() + 3_600_000,
+        )
+        .unwrap();
+        if i % 2 == 1 {
+            continue;
+        }
+        assert!(p.cancel_confirmed(&id).unwrap(), "{id} was not held");
+        let mut out = out.lock();
+        writeln!(out, "cancelled {id}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// A cancel that `cancel_confirmed` confirmed stays cancelled after the process is SIGKILLed
+/// at a random moment: the restarted engine restores none of those tasks. (A plain `cancel` is
+/// write-behind: its removal may still be in the journal when the process dies.)
+#[test]
+fn confirmed_cancels_survive_a_sigkill_of_the_process() {
+    let server = RedisServer::start();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_cancels_confirmed_until_killed",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL, server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kill_after = fastrand::usize(50..500);
+    let (done, watch) = crossbeam_channel::bounded::<()>(1);
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid is positive");
+    let watchdog = std::thread::spawn(move || {
+        if let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+            watch.recv_timeout(Duration::from_secs(120))
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    });
+    let mut cancelled = Vec::new();
+    let mut killed = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let Ok(line) = line else { break };
+        if let Some((_, id)) = line.split_once("cancelled ") {
+            cancelled.push(id.to_string());
+            if cancelled.len() == kill_after {
+                child.kill().unwrap(); // SIGKILL: no shutdown, no final flush
+                killed = true;
+            }
+        }
+    }
+    let status = child.wait().unwrap();
+    drop(done);
+    watchdog.join().unwrap();
+    assert!(
+        killed,
+        "the child died by itself, or hung and was killed, after {} cancels: {status}",
+        cancelled.len()
+    );
+    let (p, _fired) = Persistent::start(PersistConfig::new(server.url(), "cancels")).unwrap();
+    p.restore(500).unwrap();
+    assert!(
+        p.len() >= kill_after - 1,
+        "the live tasks were lost: {}",
+        p.len()
+    );
+    let back: Vec<_> = cancelled.iter().filter(|id| p.contains(id)).collect();
+    assert!(
+        back.is_empty(),
+        "confirmed cancels undone by the crash: {back:?}"
+    );
+}
+
 #[test]
 fn redis_sigkilled_mid_load_loses_nothing_while_the_wheel_keeps_firing() {
     let mut server = RedisServer::start();

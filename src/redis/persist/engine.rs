@@ -521,6 +521,60 @@ impl<S: TaskStore> Persistent<S> {
         true
     }
 
+    /// [`cancel`](Self::cancel), then waits until the store has the removal: a crash after
+    /// this returns `Ok` cannot bring the task back (a cancelled payment reminder, an order
+    /// closed after it was paid). `Ok(held)`, as `cancel` returns it, once the flush round
+    /// after the call is written. [`PersistError::Unconfirmed`] (the id) if it is not written
+    /// within [`PersistConfig::write_through_timeout`] (if set; otherwise this waits while
+    /// the store is down), or a shutdown ends the wait: the removal stays journaled and is
+    /// written when the store answers. [`PersistError::LeaseLost`] is not possible here (no
+    /// envelope); an engine that lost its lease returns `Unconfirmed`. Under either
+    /// [`Durability`].
+    ///
+    /// ```no_run
+    /// use delaywheel::redis::{PersistConfig, PersistError, Persistent};
+    ///
+    /// let (engine, _fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
+    /// // The order was paid: its timeout must never fire, even if this process dies now.
+    /// match engine.cancel_confirmed("order:42") {
+    ///     Ok(_) => {}
+    ///     Err(PersistError::Unconfirmed(id)) => eprintln!("{id}: cancel not yet in Redis"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), delaywheel::redis::PersistError>(())
+    /// ```
+    pub fn cancel_confirmed(&self, id: &str) -> Result<bool, PersistError> {
+        let held = self.cancel(id);
+        self.confirm(id)?;
+        Ok(held)
+    }
+
+    /// [`ack`](Self::ack), then waits until the store has the removal, as
+    /// [`cancel_confirmed`](Self::cancel_confirmed) does: `Ok(acked)` once written, else
+    /// [`PersistError::Unconfirmed`].
+    pub fn ack_confirmed(&self, task: &Envelope) -> Result<bool, PersistError> {
+        let acked = self.ack(task);
+        self.confirm(&task.id)?;
+        Ok(acked)
+    }
+
+    /// Waits, within `write_through_timeout`, until a flush round that began after this call
+    /// has been written.
+    fn confirm(&self, id: &str) -> Result<(), PersistError> {
+        let deadline = self
+            .inner
+            .cfg
+            .write_through_timeout
+            .and_then(|t| Instant::now().checked_add(t));
+        let mut state = self.inner.state.lock();
+        let round = state.journal.flushed;
+        if self.inner.wait_for_round(&mut state, round + 2, deadline) {
+            Ok(())
+        } else {
+            Err(PersistError::Unconfirmed(id.to_owned()))
+        }
+    }
+
     /// Tasks pending or fired and not yet acknowledged.
     pub fn len(&self) -> usize {
         self.inner.state.lock().index.len()
