@@ -3,6 +3,38 @@
 //!
 //! Each future schedules one timer when it is created and cancels it when dropped. The driver
 //! thread wakes the task directly when the timer fires.
+//!
+//! # Deterministic tests: a manual clock, not tokio's paused one
+//!
+//! These futures run on the engine's clock, not on tokio's: `tokio::time::pause()` and
+//! `advance()` do not move them, and under `#[tokio::test(start_paused = true)]` a
+//! [`Sleeper::timeout`] still waits for real time (where `tokio::time::timeout` would return
+//! `Elapsed` at once). To test code that uses them deterministically, give the code a sleeper
+//! on a [`ManualClock`](crate::ManualClock) with a manual driver, and move time yourself:
+//! `clock.advance(d)`, then `sleeper.timer().fire_due()` fires what is due, on the calling
+//! thread.
+//!
+//! ```
+//! use std::future::Future;
+//! use std::pin::pin;
+//! use std::task::{Context, Poll, Waker};
+//! use std::time::Duration;
+//! use delaywheel::sleep::{Sleeper, TimeoutError};
+//! use delaywheel::{ManualClock, Timer};
+//!
+//! let clock = ManualClock::new();
+//! let sleeper = Sleeper::with_builder(Timer::builder().manual_clock(&clock).manual_driver())
+//!     .unwrap();
+//! let mut call = pin!(sleeper.timeout(Duration::from_secs(30), std::future::pending::<()>()));
+//! let mut cx = Context::from_waker(Waker::noop());
+//! assert!(call.as_mut().poll(&mut cx).is_pending());
+//! clock.advance(Duration::from_secs(29));
+//! sleeper.timer().fire_due();
+//! assert!(call.as_mut().poll(&mut cx).is_pending()); // not a millisecond early
+//! clock.advance(Duration::from_secs(1));
+//! sleeper.timer().fire_due();
+//! assert_eq!(call.as_mut().poll(&mut cx), Poll::Ready(Err(TimeoutError::Elapsed)));
+//! ```
 
 use std::fmt;
 use std::future::Future;
@@ -182,6 +214,10 @@ impl Sleeper {
     /// engine shuts down first (then the future is not polled again). Each poll polls `future`
     /// first: on an engine already shut down (which refuses the timer), a `future` ready at
     /// its first poll still gives its output.
+    ///
+    /// It runs on the engine's clock: tokio's paused clock does not move it. See the
+    /// [module docs](self#deterministic-tests-a-manual-clock-not-tokios-paused-one) for
+    /// deterministic tests on a manual clock.
     pub fn timeout<F: Future>(&self, delay: Duration, future: F) -> Timeout<F> {
         Timeout {
             future,
