@@ -18,6 +18,66 @@ use redis_server::RedisServer;
 const PATIENCE: Duration = Duration::from_secs(60);
 const CHILD_URL: &str = "DELAYWHEEL_CHILD_REDIS_URL";
 
+/// Runs the ignored test `child` of this binary as a child process on `server`, reads the ids
+/// it prints after `marker` (once each is acknowledged), and SIGKILLs it once it has printed
+/// `kill_after` of them: no shutdown, no final flush. Returns the ids read. A child that wedges
+/// first is killed after two minutes (its stdout then ends), and one that dies by itself fails
+/// the test, so it never waits forever.
+fn ids_until_killed(
+    child: &str,
+    server: &RedisServer,
+    marker: &str,
+    kill_after: usize,
+) -> Vec<String> {
+    let mut process = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            child,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL, server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (done, watch) = crossbeam_channel::bounded::<()>(1);
+    let pid =
+        rustix::process::Pid::from_raw(process.id() as i32).expect("a child's pid is positive");
+    let watchdog = std::thread::spawn(move || {
+        if let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+            watch.recv_timeout(Duration::from_secs(120))
+        {
+            // By pid: the reading loop holds the `Child`. (It may have exited meanwhile.)
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    });
+    let mut ids = Vec::new();
+    let mut killed = false;
+    for line in BufReader::new(process.stdout.take().unwrap()).lines() {
+        let Ok(line) = line else { break };
+        // Anywhere in the line: the child's test harness prints its test's name without a
+        // newline, ahead of the first.
+        if let Some((_, id)) = line.split_once(marker) {
+            ids.push(id.to_string());
+            if ids.len() == kill_after {
+                process.kill().unwrap();
+                killed = true;
+            }
+        }
+    }
+    let status = process.wait().unwrap();
+    drop(done);
+    watchdog.join().unwrap();
+    assert!(
+        killed,
+        "the child died by itself, or hung and was killed, after {} ids: {status}",
+        ids.len()
+    );
+    ids
+}
+
 /// The child of `write_through_acknowledged_ids_survive_a_sigkill_of_the_process`: schedules
 /// tasks in `WriteThrough` mode forever, printing each id once `schedule` has returned.
 #[test]
@@ -46,53 +106,12 @@ fn child_schedules_write_through_until_killed() {
 #[test]
 fn write_through_acknowledged_ids_survive_a_sigkill_of_the_process() {
     let server = RedisServer::start();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "child_schedules_write_through_until_killed",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_URL, server.url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
     let kill_after = fastrand::usize(100..1_500);
-    // A child that wedges before `kill_after` acks is killed after two minutes (its stdout
-    // then ends), so the test fails instead of waiting forever.
-    let (done, watch) = crossbeam_channel::bounded::<()>(1);
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid is positive");
-    let watchdog = std::thread::spawn(move || {
-        if let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-            watch.recv_timeout(Duration::from_secs(120))
-        {
-            // By pid: the reading loop holds the `Child`. (It may have exited meanwhile.)
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    });
-    let mut acked = Vec::new();
-    let mut killed = false;
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let Ok(line) = line else { break };
-        // Anywhere in the line: the child's test harness prints its test's name without a
-        // newline, ahead of the first.
-        if let Some((_, id)) = line.split_once("acked ") {
-            acked.push(id.to_string());
-            if acked.len() == kill_after {
-                child.kill().unwrap(); // SIGKILL: no shutdown, no final flush
-                killed = true;
-            }
-        }
-    }
-    let status = child.wait().unwrap();
-    drop(done);
-    watchdog.join().unwrap();
-    assert!(
-        killed,
-        "the child died by itself, or hung and was killed, after {} acks: {status}",
-        acked.len()
+    let acked = ids_until_killed(
+        "child_schedules_write_through_until_killed",
+        &server,
+        "acked ",
+        kill_after,
     );
     assert_eq!(acked[0], "order:0", "the first ack was not read");
 
@@ -141,48 +160,12 @@ fn child_cancels_confirmed_until_killed() {
 #[test]
 fn confirmed_cancels_survive_a_sigkill_of_the_process() {
     let server = RedisServer::start();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "child_cancels_confirmed_until_killed",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_URL, server.url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
     let kill_after = fastrand::usize(50..500);
-    let (done, watch) = crossbeam_channel::bounded::<()>(1);
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid is positive");
-    let watchdog = std::thread::spawn(move || {
-        if let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-            watch.recv_timeout(Duration::from_secs(120))
-        {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    });
-    let mut cancelled = Vec::new();
-    let mut killed = false;
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let Ok(line) = line else { break };
-        if let Some((_, id)) = line.split_once("cancelled ") {
-            cancelled.push(id.to_string());
-            if cancelled.len() == kill_after {
-                child.kill().unwrap(); // SIGKILL: no shutdown, no final flush
-                killed = true;
-            }
-        }
-    }
-    let status = child.wait().unwrap();
-    drop(done);
-    watchdog.join().unwrap();
-    assert!(
-        killed,
-        "the child died by itself, or hung and was killed, after {} cancels: {status}",
-        cancelled.len()
+    let cancelled = ids_until_killed(
+        "child_cancels_confirmed_until_killed",
+        &server,
+        "cancelled ",
+        kill_after,
     );
     let (p, _fired) = Persistent::start(PersistConfig::new(server.url(), "cancels")).unwrap();
     p.restore(500).unwrap();

@@ -244,20 +244,9 @@ impl<T> Timer<T> {
     /// Moves a pending timer to `delay` from now, keeping its id; `false` if it already fired,
     /// was cancelled, or the id is not from this engine.
     pub fn reset(&self, id: TimerId, delay: Duration) -> bool {
-        let Some(shard) = self.core.shard_of(id) else {
-            return false;
-        };
-        let tick = self.core.ticks.tick_after(self.core.clock.now(), delay);
-        let ok = {
-            let mut s = shard.lock();
-            let ok = s.wheel.reset(id.key, tick);
-            s.reset += u64::from(ok);
-            ok
-        };
-        if ok {
-            self.core.wake_for(tick);
-        }
-        ok
+        self.reset_to_tick(id, || {
+            self.core.ticks.tick_after(self.core.clock.now(), delay)
+        })
     }
 
     /// Moves a pending timer to fire at `at` (rounded up to the tick), keeping its id: an O(1)
@@ -276,10 +265,16 @@ impl<T> Timer<T> {
     /// assert!(timer.deadline(id).unwrap() >= later);
     /// ```
     pub fn reset_at(&self, id: TimerId, at: Instant) -> bool {
+        self.reset_to_tick(id, || self.core.ticks.deadline_tick(at))
+    }
+
+    /// Moves timer `id` to the tick `tick()` names (read once the id is known to be this
+    /// engine's, before the shard lock), counts the reset, and wakes the driver for it.
+    fn reset_to_tick(&self, id: TimerId, tick: impl FnOnce() -> u64) -> bool {
         let Some(shard) = self.core.shard_of(id) else {
             return false;
         };
-        let tick = self.core.ticks.deadline_tick(at);
+        let tick = tick();
         let ok = {
             let mut s = shard.lock();
             let ok = s.wheel.reset(id.key, tick);

@@ -301,11 +301,7 @@ impl<S: TaskStore> Persistent<S> {
         let envelope = Arc::new(envelope);
         // WriteThrough's whole wait (for room, then for Redis) ends here, if it has a timeout.
         let deadline = match self.inner.cfg.durability {
-            Durability::WriteThrough => self
-                .inner
-                .cfg
-                .write_through_timeout
-                .and_then(|t| Instant::now().checked_add(t)),
+            Durability::WriteThrough => self.write_through_deadline(),
             Durability::WriteBehind => None,
         };
         let mut state = self.inner.state.lock();
@@ -362,10 +358,8 @@ impl<S: TaskStore> Persistent<S> {
             }
         }
         if let Some(id) = kept {
-            // The round in progress may have taken its changes before this one: wait (the wait
-            // releases the lock) for the round after it.
-            let round = journal.flushed;
-            if !self.inner.wait_for_round(&mut state, round + 2, deadline) {
+            // The wait releases the lock.
+            if !self.inner.wait_for_changes_so_far(&mut state, deadline) {
                 // Also when a shutdown ended the wait: the task was taken, and the shutdown's
                 // final round writes it or hands it back (its list of unwritten tasks). Handing
                 // it back here too would hand it back twice.
@@ -561,14 +555,9 @@ impl<S: TaskStore> Persistent<S> {
     /// Waits, within `write_through_timeout`, until a flush round that began after this call
     /// has been written.
     fn confirm(&self, id: &str) -> Result<(), PersistError> {
-        let deadline = self
-            .inner
-            .cfg
-            .write_through_timeout
-            .and_then(|t| Instant::now().checked_add(t));
+        let deadline = self.write_through_deadline();
         let mut state = self.inner.state.lock();
-        let round = state.journal.flushed;
-        if self.inner.wait_for_round(&mut state, round + 2, deadline) {
+        if self.inner.wait_for_changes_so_far(&mut state, deadline) {
             Ok(())
         } else {
             Err(PersistError::Unconfirmed(id.to_owned()))
@@ -619,9 +608,15 @@ impl<S: TaskStore> Persistent<S> {
         if state.journal.ops.is_empty() && !state.journal.in_round && state.restoring == 0 {
             return true;
         }
-        // The round in progress may have started before the last change: wait for the next.
-        let target = state.journal.flushed + 2;
-        self.inner.wait_for_round(&mut state, target, deadline)
+        self.inner.wait_for_changes_so_far(&mut state, deadline)
+    }
+
+    /// When a wait for Redis under `write_through_timeout` ends, if it has one.
+    fn write_through_deadline(&self) -> Option<Instant> {
+        self.inner
+            .cfg
+            .write_through_timeout
+            .and_then(|t| Instant::now().checked_add(t))
     }
 
     /// Writes the whole pending set (pending and fired-but-unacknowledged tasks) to the store

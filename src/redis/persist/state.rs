@@ -186,6 +186,18 @@ impl Inner {
         self.kick.notify_one();
     }
 
+    /// Waits (within `deadline`) until every change journaled before this call is written:
+    /// the round after the one in progress, which may have taken its changes before the
+    /// caller's. `false` as [`wait_for_round`](Self::wait_for_round) returns it.
+    pub(super) fn wait_for_changes_so_far(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let target = state.journal.flushed + 2;
+        self.wait_for_round(state, target, deadline)
+    }
+
     /// Kicks the flusher until round `target` is done; `false` if `deadline` passes or the
     /// engine stops first (the flusher then does one last round and is gone: no use waiting).
     /// `shutdown` notifies `flushed` after setting `stopping`, so no wait outlives it.
