@@ -65,7 +65,7 @@ unit:
 	$(CARGO) test --all-features
 	@# Without the optional features, and with each alone: each gated module builds by itself.
 	$(CARGO) clippy --no-default-features --all-targets -- -D warnings
-	$(CARGO) clippy --lib --features tokio -- -D warnings
+	$(CARGO) clippy --lib --features futures -- -D warnings
 	$(CARGO) clippy --lib --features redis -- -D warnings
 
 # No broken intra-doc link (docs.rs shows every feature), and the fuzz crate still builds.
@@ -93,7 +93,7 @@ smoke:
 
 bench:
 	$(CARGO) bench --bench wheel
-	$(CARGO) bench --features tokio --bench engine
+	$(CARGO) bench --features futures --bench engine
 
 load:
 	$(CARGO) run --release --example gateway

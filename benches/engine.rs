@@ -23,7 +23,7 @@
 //!   `tokio::time::sleep` tasks in the same run;
 //! * idle: 1M timers at least an hour away, and the process's CPU time over 10 s.
 //!
-//! `cargo bench --features tokio --bench engine`; under `cargo test --benches` everything runs once, small.
+//! `cargo bench --features futures --bench engine`; under `cargo test --benches` everything runs once, small.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -105,7 +105,7 @@ use std::future::Future;
 /// registered sleep, in one run. No side reads the clock in the loop: every deadline is an
 /// `Instant` computed before it, and the resets alternate between two of them 1 s apart (so
 /// each reset moves the timer).
-#[cfg(feature = "tokio")]
+#[cfg(feature = "futures")]
 fn bench_sleep_reset(c: &mut Criterion) {
     use delaywheel::sleep::Sleeper;
     let mut group = c.benchmark_group("sleep_reset");
@@ -422,7 +422,7 @@ fn reports() {
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench_schedule_cancel(&mut c);
-    #[cfg(feature = "tokio")]
+    #[cfg(feature = "futures")]
     bench_sleep_reset(&mut c);
     bench_producers(&mut c);
     c.final_summary();

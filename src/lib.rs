@@ -11,7 +11,7 @@
 //!    `Wheel::with_capacity` asks for transparent huge pages, a hint that changes no data.)
 //! 2. `src/engine/`, the engine ([`Timer`]): the clock, sharded wheels behind mutexes, a
 //!    driver thread that sleeps until the next deadline, and delivery to a channel, a callback
-//!    pool or (feature `tokio`) futures and streams ([`sleep`]).
+//!    pool or (feature `futures`) futures and streams ([`sleep`]).
 //! 3. [`redis`] (feature `redis`): shared parts at its root (the connection, key names, the
 //!    envelope, the wall clock), then one folder per role: `redis/persist/`, persistence of
 //!    tasks into Redis with restore after a restart (`redis::Persistent`), and
@@ -46,14 +46,14 @@ mod engine;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-#[cfg(feature = "tokio")]
+#[cfg(feature = "futures")]
 pub use engine::sleep;
 
 pub use engine::clock::ManualClock;
 pub use engine::error::{BuildError, ScheduleError};
 pub use engine::expiration::{Expiration, Pending, TimerId};
 pub use engine::stats::{Lateness, Stats};
-#[cfg(feature = "tokio")]
+#[cfg(feature = "futures")]
 pub use engine::stream::ExpirationStream;
 pub use engine::timer::{Timer, TimerBuilder};
 

@@ -65,7 +65,7 @@ fn dropping_the_last_handle_joins_every_thread() {
 /// A waker run by the driver (a `Sleeper`'s delivery) that drops its task, and with it the
 /// last handle of the engine: the engine stops from its own driver thread, and that thread
 /// ends instead of waiting on itself.
-#[cfg(feature = "tokio")]
+#[cfg(feature = "futures")]
 #[test]
 fn a_waker_that_drops_the_last_handle_on_the_driver_stops_the_engine() {
     use std::future::Future;

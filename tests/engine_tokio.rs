@@ -1,5 +1,5 @@
 //! The `tokio` feature: the expiration stream, `sleep` and `timeout`, with cancel-on-drop.
-#![cfg(feature = "tokio")]
+#![cfg(feature = "futures")]
 
 use std::time::{Duration, Instant};
 

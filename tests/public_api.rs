@@ -90,7 +90,7 @@ fn wheel_items_resolve() {
     assert_eq!(type_name::<wheel::Wheel<()>>(), type_name::<Wheel<()>>());
 }
 
-#[cfg(feature = "tokio")]
+#[cfg(feature = "futures")]
 mod tokio_feature {
     use super::{named, type_name};
 

@@ -3,7 +3,7 @@
 //! tokio's `tests/time_sleep.rs`, run on a manual clock with a manual driver, so each step is
 //! deterministic: the clock moves only when a test advances it, and timers fire only in
 //! `fire_due`.
-#![cfg(feature = "tokio")]
+#![cfg(feature = "futures")]
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,4 +1,4 @@
-//! Where expired timers go: a crossbeam channel, a callback pool, or (feature `tokio`) a
+//! Where expired timers go: a crossbeam channel, a callback pool, or (feature `futures`) a
 //! stream. The driver hands each batch over after releasing every shard lock.
 //!
 //! A bounded channel or pool queue that is full blocks the driver: that is the backpressure.
@@ -27,9 +27,9 @@ pub(crate) enum Sink<T> {
         running: Arc<Running>,
     },
     /// Runs on the driver thread itself: only for work that cannot block (waking a future).
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    #[cfg_attr(not(feature = "futures"), allow(dead_code))]
     Inline(Arc<dyn Fn(Expiration<T>) + Send + Sync>),
-    #[cfg(feature = "tokio")]
+    #[cfg(feature = "futures")]
     Stream {
         tx: Sender<Expiration<T>>,
         waker: Arc<atomic_waker::AtomicWaker>,
@@ -79,7 +79,7 @@ impl<T> fmt::Debug for Sink<T> {
             Sink::Channel(_) => "Sink::Channel",
             Sink::Pool { .. } => "Sink::Pool",
             Sink::Inline(_) => "Sink::Inline",
-            #[cfg(feature = "tokio")]
+            #[cfg(feature = "futures")]
             Sink::Stream { .. } => "Sink::Stream",
         })
     }
@@ -145,7 +145,7 @@ impl<T> Sink<T> {
                 return Ok(());
             }
             Sink::Channel(tx) | Sink::Pool { tx, .. } => tx,
-            #[cfg(feature = "tokio")]
+            #[cfg(feature = "futures")]
             Sink::Stream { tx, .. } => tx,
         };
         let mut exp = exp;
@@ -165,7 +165,7 @@ impl<T> Sink<T> {
                 Err(SendTimeoutError::Disconnected(back)) => return Err(back),
             }
         }
-        #[cfg(feature = "tokio")]
+        #[cfg(feature = "futures")]
         if let Sink::Stream { waker, .. } = self {
             contained("the stream's waker", || waker.wake());
         }
@@ -201,7 +201,7 @@ impl<T> Sink<T> {
                     }
                 }
             }
-            #[cfg(feature = "tokio")]
+            #[cfg(feature = "futures")]
             Sink::Stream { tx, waker } => {
                 drop(tx);
                 contained("the stream's waker", || waker.wake());

@@ -8,7 +8,7 @@
 //!   the one it sleeps for.
 //! * [`delivery`]: to a channel or a callback pool; [`stats`]: counters and lateness;
 //!   [`error`]: what a schedule or a build refuses.
-//! * With feature `tokio`: [`sleep`](crate::sleep) (futures) and [`stream`] (an expiration
+//! * With feature `futures`: [`sleep`](crate::sleep) (futures) and [`stream`] (an expiration
 //!   stream), runtime-agnostic adapters over the same engine.
 //!
 //! Dependencies point one way: the handle and the driver use the parts below them, and
@@ -20,10 +20,10 @@ pub(crate) mod driver;
 pub(crate) mod error;
 pub(crate) mod expiration;
 pub(crate) mod shard;
-#[cfg(feature = "tokio")]
+#[cfg(feature = "futures")]
 pub mod sleep;
 pub(crate) mod stats;
-#[cfg(feature = "tokio")]
+#[cfg(feature = "futures")]
 pub(crate) mod stream;
 pub(crate) mod timer;
 pub(crate) mod wake;

@@ -1,5 +1,5 @@
 //! `sleep` and `timeout` futures backed by the engine instead of the runtime's global timer
-//! (feature `tokio`; they work on any executor).
+//! (feature `futures`; they work on any executor).
 //!
 //! Each future schedules one timer when it is created and cancels it when dropped. The driver
 //! thread wakes the task directly when the timer fires.

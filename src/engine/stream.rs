@@ -1,4 +1,4 @@
-//! An async `Stream` of expirations (feature `tokio`; it works on any executor).
+//! An async `Stream` of expirations (feature `futures`; it works on any executor).
 
 use std::fmt;
 use std::pin::Pin;
@@ -64,7 +64,7 @@ impl<T> Drop for ExpirationStream<T> {
 impl<T: Send + 'static> TimerBuilder<T> {
     /// Builds an engine whose expirations are read as an async [`ExpirationStream`], through a
     /// queue of `bound` expirations (backpressure as for a bounded channel: the driver waits,
-    /// nothing is dropped). Only with the `tokio` feature. A `bound` outside `1..=2^24` fails
+    /// nothing is dropped). Only with the `futures` feature. A `bound` outside `1..=2^24` fails
     /// with [`BuildError::Capacity`]. Once the stream is dropped, expirations are kept and
     /// returned by [`Timer::shutdown`], as for a dropped channel receiver; those still in the
     /// stream's queue when it was dropped go with it.
