@@ -16,16 +16,15 @@ use super::clock::{Clock, Ticks};
 use super::delivery::Sink;
 use super::error::ScheduleError;
 use super::expiration::{Expiration, TimerId};
+use super::metrics::EngineMetrics;
 use super::shard::{Shard, ShardState};
-use super::stats::LatenessHistogram;
+use super::stats::{LatenessHistogram, Stats};
 use super::wake::Wake;
 use crate::wheel::Expired;
 
 pub(crate) struct Core<T> {
     /// Distinguishes this engine's ids from another engine's.
     pub(super) engine: u32,
-    /// The `engine` label of its metrics (see [`TimerBuilder::name`]).
-    pub(super) name: Arc<str>,
     pub(super) shards: Box<[Shard<T>]>,
     pub(super) ticks: Ticks,
     pub(super) clock: Clock,
@@ -42,6 +41,8 @@ pub(crate) struct Core<T> {
     pub(super) lateness_warn: Duration,
     pub(super) next_shard: AtomicUsize,
     pub(super) turn_buf: Mutex<Vec<(u32, Expired<T>)>>,
+    /// Its series in the `metrics` facade.
+    pub(super) metrics: EngineMetrics,
 }
 
 impl<T> Drop for Core<T> {
@@ -170,12 +171,41 @@ impl<T> Core<T> {
             (shard, key)
         };
         let key = key.map_err(|e| ScheduleError::Capacity(e.0))?;
+        self.metrics.scheduled.increment(1);
         self.wake_for(tick);
         Ok(TimerId {
             engine: self.engine,
             shard: shard as u32,
             key,
         })
+    }
+
+    /// A snapshot of the counters, pending timers per shard and level, and lateness.
+    pub(super) fn stats(&self) -> Stats {
+        let mut stats = Stats {
+            pending_per_shard: Vec::with_capacity(self.shards.len()),
+            pending_per_level: Vec::new(),
+            scheduled: 0,
+            cancelled: 0,
+            reset: 0,
+            fired: 0,
+            undelivered: self.undelivered_total.load(SeqCst),
+            lateness: self.lateness.lock().snapshot(),
+        };
+        for shard in self.shards.iter() {
+            let s = shard.lock();
+            stats.pending_per_shard.push(s.wheel.len());
+            let levels = s.wheel.pending_per_level();
+            stats.pending_per_level.resize(levels.len(), 0);
+            for (acc, n) in stats.pending_per_level.iter_mut().zip(levels) {
+                *acc += n;
+            }
+            stats.scheduled += s.scheduled;
+            stats.cancelled += s.cancelled;
+            stats.reset += s.reset;
+            stats.fired += s.fired;
+        }
+        stats
     }
 
     /// This engine's address, as `IN_TURN` holds it.
@@ -206,6 +236,7 @@ impl<T> Core<T> {
                 buf.push((i as u32, e));
             }
             s.fired += (buf.len() - before) as u64;
+            self.metrics.fired.increment((buf.len() - before) as u64);
             if let Some(d) = s.wheel.next_deadline() {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }
@@ -250,6 +281,7 @@ impl<T> Core<T> {
                 }
                 Err(exp) => {
                     self.undelivered_total.fetch_add(1, SeqCst);
+                    self.metrics.undelivered.increment(1);
                     let mut undelivered = self.undelivered.lock();
                     if undelivered.is_empty() && !self.stopping.load(SeqCst) {
                         // Kept for `shutdown` to hand back, so they pile up until then.
@@ -278,38 +310,57 @@ impl<T> Core<T> {
     }
 }
 
-/// The driver thread: turn, then sleep until the next deadline (or until woken).
+/// The driver thread: turn, then sleep until the next deadline (or until woken), and publish
+/// the gauges every `metrics_interval` on the way.
 pub(super) fn drive<T>(core: Arc<Core<T>>) {
     tracing::debug!(shards = core.shards.len(), "delaywheel driver started");
+    let mut next_publish = core.metrics.every.map(|every| Instant::now() + every);
     while !core.stopping.load(SeqCst) {
         core.wake.scanning();
         let (_, next) = core.turn();
         if core.stopping.load(SeqCst) {
             break;
         }
+        // The gauges, on real time (also on a manual clock: a dashboard reads them on its own).
+        let publish_in = match (next_publish, core.metrics.every) {
+            (Some(at), Some(every)) => {
+                let now = Instant::now();
+                if now >= at {
+                    core.metrics.publish(&core.stats());
+                    next_publish = Some(now + every);
+                    Some(every)
+                } else {
+                    Some(at - now)
+                }
+            }
+            _ => None,
+        };
         // Woken since the scan: its unpark may have been swallowed by a delivery that blocked
         // (crossbeam parks this thread too). One that inserts after this check still unparks
         // a park to come.
         if !core.wake.may_park(next) {
             continue;
         }
-        match next {
-            None => std::thread::park(),
+        // How long to sleep for the next deadline: `None` until woken.
+        let for_timer = match next {
+            None => None,
             Some(tick) => match &core.clock {
                 Clock::Manual(_) => {
                     if tick > core.ticks.now_tick(core.clock.now()) {
-                        std::thread::park();
+                        None
+                    } else {
+                        Some(Duration::ZERO)
                     }
                 }
-                Clock::Monotonic => {
-                    let now = Instant::now();
-                    match core.ticks.until(now, tick) {
-                        Some(d) if d.is_zero() => {}
-                        Some(d) => std::thread::park_timeout(d),
-                        None => std::thread::park(),
-                    }
-                }
+                Clock::Monotonic => core.ticks.until(Instant::now(), tick),
             },
+        };
+        // A wait shorter than asked is safe: the loop turns and parks again.
+        match (for_timer, publish_in) {
+            (Some(d), _) if d.is_zero() => {}
+            (None, None) => std::thread::park(),
+            (Some(d), None) | (None, Some(d)) => std::thread::park_timeout(d),
+            (Some(a), Some(b)) => std::thread::park_timeout(a.min(b)),
         }
     }
     tracing::debug!("delaywheel driver stopped");

@@ -19,6 +19,7 @@ pub(crate) mod delivery;
 pub(crate) mod driver;
 pub(crate) mod error;
 pub(crate) mod expiration;
+pub(crate) mod metrics;
 pub(crate) mod shard;
 #[cfg(feature = "futures")]
 pub mod sleep;

@@ -1,4 +1,5 @@
-//! Observability: the `stats()` snapshot, the lateness histogram, and the `metrics` facade.
+//! Observability: the `stats()` snapshot and the lateness histogram. (The `metrics` series are
+//! in [`metrics`](super::metrics).)
 
 use std::time::Duration;
 
@@ -84,38 +85,5 @@ impl LatenessHistogram {
             p99: us(self.0.value_at_quantile(0.99)),
             max: us(self.0.max()),
         }
-    }
-}
-
-/// Publishes a snapshot through the `metrics` facade (a no-op without a recorder), every series
-/// labelled with the engine's name, so that engines in one process do not overwrite each other.
-pub(crate) fn publish(engine: &str, stats: &Stats) {
-    let engine = engine.to_owned();
-    metrics::gauge!("delaywheel_pending", "engine" => engine.clone()).set(stats.pending() as f64);
-    for (shard, &n) in stats.pending_per_shard.iter().enumerate() {
-        metrics::gauge!("delaywheel_pending_shard", "engine" => engine.clone(), "shard" => shard.to_string())
-            .set(n as f64);
-    }
-    for (level, &n) in stats.pending_per_level.iter().enumerate() {
-        metrics::gauge!("delaywheel_pending_level", "engine" => engine.clone(), "level" => level.to_string())
-            .set(n as f64);
-    }
-    let counters = [
-        ("delaywheel_scheduled_total", stats.scheduled),
-        ("delaywheel_cancelled_total", stats.cancelled),
-        ("delaywheel_reset_total", stats.reset),
-        ("delaywheel_fired_total", stats.fired),
-        ("delaywheel_undelivered_total", stats.undelivered),
-    ];
-    for (name, value) in counters {
-        metrics::counter!(name, "engine" => engine.clone()).absolute(value);
-    }
-    let lateness = [
-        ("delaywheel_lateness_p50_seconds", stats.lateness.p50),
-        ("delaywheel_lateness_p99_seconds", stats.lateness.p99),
-        ("delaywheel_lateness_max_seconds", stats.lateness.max),
-    ];
-    for (name, value) in lateness {
-        metrics::gauge!(name, "engine" => engine.clone()).set(value.as_secs_f64());
     }
 }

@@ -28,8 +28,9 @@ use super::delivery::Sink;
 use super::driver::{drive, Core};
 use super::error::{capacity, BuildError, ScheduleError, MAX_SHARDS, MAX_WORKERS};
 use super::expiration::{Expiration, Pending, TimerId};
+use super::metrics::EngineMetrics;
 use super::shard::{new_shard, Shard};
-use super::stats::{publish, LatenessHistogram, Stats};
+use super::stats::{LatenessHistogram, Stats};
 use super::wake::Wake;
 use crate::wheel::Layout;
 
@@ -204,6 +205,7 @@ impl<T: Send + 'static> Timer<T> {
             lateness_warn: Duration::from_millis(10),
             spawn_driver: true,
             name: None,
+            metrics_interval: Some(Duration::from_secs(1)),
             _t: PhantomData,
         }
     }
@@ -238,6 +240,8 @@ impl<T> Timer<T> {
         let mut s = shard.lock();
         let value = s.wheel.cancel(id.key)?;
         s.cancelled += 1;
+        drop(s);
+        self.core.metrics.cancelled.increment(1);
         Some(value)
     }
 
@@ -282,6 +286,7 @@ impl<T> Timer<T> {
             ok
         };
         if ok {
+            self.core.metrics.reset.increment(1);
             self.core.wake_for(tick);
         }
         ok
@@ -341,33 +346,12 @@ impl<T> Timer<T> {
         self.core.turn().0
     }
 
-    /// A snapshot of the counters, pending timers per shard and level, and lateness; it is also
-    /// published through the `metrics` facade.
+    /// A snapshot of the counters, pending timers per shard and level, and lateness. Its gauges
+    /// are also published through the `metrics` facade (as the driver does on its own every
+    /// [`metrics_interval`](TimerBuilder::metrics_interval)).
     pub fn stats(&self) -> Stats {
-        let mut stats = Stats {
-            pending_per_shard: Vec::with_capacity(self.core.shards.len()),
-            pending_per_level: Vec::new(),
-            scheduled: 0,
-            cancelled: 0,
-            reset: 0,
-            fired: 0,
-            undelivered: self.core.undelivered_total.load(SeqCst),
-            lateness: self.core.lateness.lock().snapshot(),
-        };
-        for shard in self.core.shards.iter() {
-            let s = shard.lock();
-            stats.pending_per_shard.push(s.wheel.len());
-            let levels = s.wheel.pending_per_level();
-            stats.pending_per_level.resize(levels.len(), 0);
-            for (acc, n) in stats.pending_per_level.iter_mut().zip(levels) {
-                *acc += n;
-            }
-            stats.scheduled += s.scheduled;
-            stats.cancelled += s.cancelled;
-            stats.reset += s.reset;
-            stats.fired += s.fired;
-        }
-        publish(&self.core.name, &stats);
+        let stats = self.core.stats();
+        self.core.metrics.publish(&stats);
         stats
     }
 
@@ -405,6 +389,7 @@ pub struct TimerBuilder<T> {
     layout: Layout,
     clock: Clock,
     lateness_warn: Duration,
+    metrics_interval: Option<Duration>,
     spawn_driver: bool,
     name: Option<Arc<str>>,
     _t: PhantomData<fn() -> T>,
@@ -419,6 +404,7 @@ impl<T> fmt::Debug for TimerBuilder<T> {
             .field("clock", &self.clock)
             .field("spawn_driver", &self.spawn_driver)
             .field("name", &self.name)
+            .field("metrics_interval", &self.metrics_interval)
             .finish()
     }
 }
@@ -463,6 +449,30 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// rather than overwriting each other's. Any string is accepted.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(Arc::from(name.into()));
+        self
+    }
+
+    /// How often the driver publishes the engine's gauges through the `metrics` facade on its
+    /// own (default every second): pending timers in all (`delaywheel_pending`), per shard and
+    /// per level, and the lateness percentiles. `None` or zero: only [`Timer::stats`] publishes
+    /// them. The counters (`delaywheel_scheduled_total`, `_cancelled_total`, `_reset_total`,
+    /// `_fired_total`, `_undelivered_total`) count as events happen, either way. The series are
+    /// registered when the engine is built: install the recorder before. Without a driver
+    /// ([`manual_driver`](Self::manual_driver)) nothing publishes on its own.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::Timer;
+    ///
+    /// let (timer, _expired) = Timer::<u32>::builder()
+    ///     .name("gateway")
+    ///     .metrics_interval(Some(Duration::from_millis(250)))
+    ///     .build_channel(None)?;
+    /// # timer.shutdown();
+    /// # Ok::<(), delaywheel::BuildError>(())
+    /// ```
+    pub fn metrics_interval(mut self, every: Option<Duration>) -> Self {
+        self.metrics_interval = every;
         self
     }
 
@@ -533,9 +543,9 @@ impl<T: Send + 'static> TimerBuilder<T> {
         let origin = self.clock.now();
         static ENGINES: AtomicU32 = AtomicU32::new(0);
         let engine = ENGINES.fetch_add(1, SeqCst);
+        let name = self.name.unwrap_or_else(|| Arc::from(engine.to_string()));
         let core = Arc::new(Core {
             engine,
-            name: self.name.unwrap_or_else(|| Arc::from(engine.to_string())),
             shards: (0..self.shards).map(|_| new_shard(self.layout)).collect(),
             ticks: Ticks::new(origin, self.tick),
             clock: self.clock.clone(),
@@ -550,6 +560,12 @@ impl<T: Send + 'static> TimerBuilder<T> {
             lateness_warn: self.lateness_warn,
             next_shard: AtomicUsize::new(0),
             turn_buf: Mutex::new(Vec::new()),
+            metrics: EngineMetrics::register(
+                &name,
+                self.shards,
+                self.layout.levels(),
+                self.metrics_interval,
+            ),
         });
         let mut driver = None;
         if self.spawn_driver {
