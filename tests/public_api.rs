@@ -13,7 +13,8 @@
 //! ```
 //!
 //! The items of the optional features are imported in modules gated like the crate gates them:
-//! `sleep` and `ExpirationStream` under `tokio`, `redis` under `redis`.
+//! `sleep` and `ExpirationStream` under `futures`, `redis` under `redis`, `FiredStream` under
+//! both.
 
 use std::any::type_name;
 
@@ -91,7 +92,7 @@ fn wheel_items_resolve() {
 }
 
 #[cfg(feature = "futures")]
-mod tokio_feature {
+mod futures_feature {
     use super::{named, type_name};
 
     use delaywheel::sleep;
@@ -107,7 +108,7 @@ mod tokio_feature {
     type Ready = std::future::Ready<()>;
 
     #[test]
-    fn tokio_items_resolve() {
+    fn futures_items_resolve() {
         let names = types![
             EngineShutdown,
             ExpirationStream<()>,
@@ -144,6 +145,7 @@ mod redis_feature {
     use delaywheel::redis::EnvelopeError;
     use delaywheel::redis::HandlerError;
     use delaywheel::redis::Handlers;
+    use delaywheel::redis::IntoPayload;
     use delaywheel::redis::KeyLayout;
     use delaywheel::redis::Lease;
     use delaywheel::redis::NamespaceError;
@@ -151,6 +153,7 @@ mod redis_feature {
     use delaywheel::redis::Op;
     use delaywheel::redis::Overdue;
     use delaywheel::redis::Page;
+    use delaywheel::redis::PayloadError;
     use delaywheel::redis::PersistConfig;
     use delaywheel::redis::PersistError;
     use delaywheel::redis::Persistent;
@@ -197,6 +200,7 @@ mod redis_feature {
             Op,
             Overdue,
             Page,
+            PayloadError,
             PersistConfig,
             PersistError,
             Persistent,
@@ -215,7 +219,7 @@ mod redis_feature {
             When,
             WhenFull,
         ];
-        assert_eq!(names.len(), 38);
+        assert_eq!(names.len(), 39);
         assert_eq!(type_name::<redis::Envelope>(), type_name::<Envelope>());
         // An alias has no name of its own: it is the boxed error handlers return.
         assert_eq!(
@@ -229,9 +233,15 @@ mod redis_feature {
         type_name::<S>()
     }
 
+    /// Compiles only while `IntoPayload` is the trait a `&impl Serialize` implements.
+    fn payload<P: IntoPayload>(p: P) -> serde_json::Value {
+        p.into_payload().unwrap()
+    }
+
     #[test]
     fn redis_trait_functions_and_constants_resolve() {
         assert_eq!(task_store::<RedisStore>(), type_name::<RedisStore>());
+        assert_eq!(payload(&42u8), serde_json::json!(42));
         let now: fn() -> u64 = now_ms;
         assert!(now() > 0);
         let shard: fn(&str, u32) -> u32 = shard_of;
@@ -244,6 +254,18 @@ mod redis_feature {
         for (name, value) in constants {
             assert!(value > 0, "{name} is {value}");
         }
+    }
+}
+
+#[cfg(all(feature = "redis", feature = "futures"))]
+mod redis_futures_feature {
+    use super::named;
+
+    use delaywheel::redis::FiredStream;
+
+    #[test]
+    fn redis_futures_items_resolve() {
+        assert_eq!(types![FiredStream].len(), 1);
     }
 }
 

@@ -113,6 +113,7 @@ mod blocking;
 mod envelope;
 mod layout;
 mod link;
+mod payload;
 mod persist;
 mod queue;
 mod store_error;
@@ -121,6 +122,9 @@ mod when;
 
 pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS, MAX_PAYLOAD_DEPTH};
 pub use layout::{KeyLayout, NamespaceError, NamespaceInUse};
+pub use payload::{IntoPayload, PayloadError};
+#[cfg(feature = "futures")]
+pub use persist::FiredStream;
 pub use persist::{
     Broken, BrokenReason, Cursor, Durability, Lease, Op, Overdue, Page, PersistConfig,
     PersistError, Persistent, RedisStore, RestoreReport, Row, Rows, TaskStore, WhenFull, MAX_PAGE,

@@ -33,6 +33,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use crate::redis::blocking::{wait_on, OwnedRuntime};
 use crate::redis::envelope::Envelope;
 use crate::redis::layout::KeyLayout;
+use crate::redis::payload::IntoPayload;
 use crate::redis::persist::flusher::flush_loop;
 use crate::redis::persist::journal::{Change, Journal};
 use crate::redis::persist::redis_store::RedisStore;
@@ -168,6 +169,8 @@ impl<S: TaskStore> Persistent<S> {
         let hasher = foldhash::fast::RandomState::default();
         let inner = Arc::new(Inner {
             cfg,
+            #[cfg(feature = "futures")]
+            fired_waker: atomic_waker::AtomicWaker::new(),
             state: Mutex::new(State {
                 anchor,
                 index: Ids::with_hasher(hasher.clone()),
@@ -241,24 +244,35 @@ impl<S: TaskStore> Persistent<S> {
     }
 
     /// Schedules (or replaces) task `id` to fire at `when`: a [`When`], a `Duration` from
-    /// now (on the engine's [`WallClock`](crate::redis::WallClock)), or a `SystemTime`. A due time in the past fires
-    /// at once. Errors that refuse the task hand the envelope back;
-    /// [`PersistError::Unconfirmed`] (`WriteThrough` with a timeout) refuses nothing.
+    /// now (on the engine's [`WallClock`](crate::redis::WallClock)), or a `SystemTime`. The
+    /// payload is a reference to any `Serialize` type, or a `serde_json::Value` (see
+    /// [`IntoPayload`]); the fired [`Envelope`] reads it back with
+    /// [`payload_as`](Envelope::payload_as). A due time in the past fires at once. Errors that
+    /// refuse the task hand the envelope back (a payload that does not serialize:
+    /// [`EnvelopeError::Encode`](crate::redis::EnvelopeError::Encode), the envelope's payload
+    /// `null`); [`PersistError::Unconfirmed`] (`WriteThrough` with a timeout) refuses nothing.
     ///
     /// ```no_run
     /// use std::time::Duration;
     /// use delaywheel::redis::{PersistConfig, Persistent};
     ///
-    /// let (engine, _fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
-    /// let close = serde_json::json!({ "order_id": 42 });
-    /// engine.schedule("order:42", "order.close", close, Duration::from_secs(30 * 60))?;
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct CloseOrder { order_id: u64 }
+    ///
+    /// let (engine, fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
+    /// engine.schedule("order:42", "order.close", &CloseOrder { order_id: 42 }, Duration::from_secs(30 * 60))?;
+    /// for task in fired {
+    ///     let close: CloseOrder = task.payload_as().expect("a CloseOrder");
+    ///     // close order `close.order_id` if it is still unpaid, then:
+    ///     engine.ack(&task);
+    /// }
     /// # Ok::<(), delaywheel::redis::PersistError>(())
     /// ```
     pub fn schedule(
         &self,
         id: impl Into<String>,
         topic: impl Into<std::borrow::Cow<'static, str>>,
-        payload: serde_json::Value,
+        payload: impl IntoPayload,
         when: impl Into<When>,
     ) -> Result<(), PersistError> {
         let due_at = when.into().due_ms(&self.inner.cfg.clock);
@@ -271,9 +285,13 @@ impl<S: TaskStore> Persistent<S> {
         &self,
         id: impl Into<String>,
         topic: impl Into<std::borrow::Cow<'static, str>>,
-        payload: serde_json::Value,
+        payload: impl IntoPayload,
         due_at: u64,
     ) -> Result<(), PersistError> {
+        let (payload, encode_error) = match payload.into_payload() {
+            Ok(v) => (v, None),
+            Err(e) => (serde_json::Value::Null, Some(e)),
+        };
         let envelope = Envelope {
             id: id.into(),
             topic: topic.into(),
@@ -282,6 +300,10 @@ impl<S: TaskStore> Persistent<S> {
             created_at: self.inner.cfg.clock.stamp_ms(),
             due_at,
         };
+        if let Some(e) = encode_error {
+            let e = crate::redis::EnvelopeError::Encode(e.to_string());
+            return Err(PersistError::Envelope(e, Box::new(envelope)));
+        }
         self.schedule_envelope(envelope)
     }
 
@@ -689,6 +711,9 @@ impl<S: TaskStore> Persistent<S> {
             fn drop(&mut self) {
                 *self.0.shutdown_done.lock() = true;
                 self.0.shutdown_over.notify_all();
+                // A stream waiting for tasks ends.
+                #[cfg(feature = "futures")]
+                self.0.fired_waker.wake();
             }
         }
         let _over = Over(&self.inner);
@@ -821,7 +846,11 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str, fired: TimerId) {
     // stays in Redis and fires again after the restart (at-least-once).
     loop {
         match tx.send_timeout(envelope, Duration::from_millis(20)) {
-            Ok(()) => return,
+            Ok(()) => {
+                #[cfg(feature = "futures")]
+                inner.fired_waker.wake();
+                return;
+            }
             Err(crossbeam_channel::SendTimeoutError::Timeout(back)) => {
                 if inner.stopping.load(SeqCst) {
                     tracing::debug!(%id, "shutting down: fired task left in Redis");

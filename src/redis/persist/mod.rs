@@ -2,7 +2,7 @@
 //!
 //! * [`engine`]: the engine itself (start, schedule, cancel, ack, flush, snapshot, shutdown)
 //!   and the callback that delivers fired tasks; [`restore`]: its restore; [`config`]: its
-//!   settings and errors.
+//!   settings and errors; `fired_stream` (feature `futures`): the fired tasks as a `Stream`.
 //! * [`index`]: the tasks held; [`journal`]: the changes not yet written; [`state`]: both
 //!   under one mutex, and what the threads share.
 //! * [`flusher`]: the write-behind thread that drains the journal; [`lease`]: the writer
@@ -17,6 +17,8 @@
 
 pub(crate) mod config;
 pub(crate) mod engine;
+#[cfg(feature = "futures")]
+pub(crate) mod fired_stream;
 pub(crate) mod flusher;
 pub(crate) mod index;
 pub(crate) mod journal;
@@ -29,6 +31,8 @@ pub(crate) mod task_store;
 
 pub use config::{Durability, Overdue, PersistConfig, PersistError, RestoreReport, WhenFull};
 pub use engine::Persistent;
+#[cfg(feature = "futures")]
+pub use fired_stream::FiredStream;
 pub use redis_store::{RedisStore, MAX_PAGE};
 pub use rows::{Broken, BrokenReason, Cursor, Op, Page, Row, Rows};
 pub use task_store::{Lease, TaskStore};

@@ -62,6 +62,10 @@ impl State {
 
 pub(super) struct Inner {
     pub(super) cfg: PersistConfig,
+    /// The task reading a [`FiredStream`](super::fired_stream::FiredStream), woken when a task
+    /// is delivered and at shutdown.
+    #[cfg(feature = "futures")]
+    pub(super) fired_waker: atomic_waker::AtomicWaker,
     pub(super) state: Mutex<State>,
     /// Signalled after each flush round (room in the journal, WriteThrough progress).
     pub(super) flushed: Condvar,

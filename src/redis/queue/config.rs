@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::redis::envelope::{Envelope, EnvelopeError};
 use crate::redis::layout::{KeyLayout, NamespaceError, NamespaceInUse};
 use crate::redis::link::{claim_namespaces, Link, QUEUE_ROLE};
+use crate::redis::payload::IntoPayload;
 use crate::redis::queue::scripts;
 use crate::redis::store_error::StoreError;
 use crate::redis::wall_clock::{now_ms, WallClock};
@@ -525,17 +526,25 @@ impl Producer {
     }
 
     /// Enqueues task `id` for `topic` at `when` (a [`When`], a `Duration` from now, or a
-    /// `SystemTime`). Idempotent by id: if `id` is already queued
+    /// `SystemTime`). The payload is a reference to any `Serialize` type, or a
+    /// `serde_json::Value` (see [`IntoPayload`]); a handler reads it back with
+    /// [`Envelope::payload_as`] or [`Handlers::on_typed`](crate::redis::Handlers::on_typed).
+    /// Idempotent by id: if `id` is already queued
     /// (or claimed), nothing changes and `Ok(false)` is returned. An envelope stored under
     /// `id` with no queue entry (another client's, half written or left behind) does not
-    /// count: it is written over. Errors hand the envelope back.
+    /// count: it is written over. Errors hand the envelope back (a payload that does not
+    /// serialize: [`EnvelopeError::Encode`], the envelope's payload `null`).
     pub async fn enqueue(
         &self,
         id: impl Into<String>,
         topic: impl Into<std::borrow::Cow<'static, str>>,
-        payload: serde_json::Value,
+        payload: impl IntoPayload,
         when: impl Into<When>,
     ) -> Result<bool, QueueError> {
+        let (payload, encode_error) = match payload.into_payload() {
+            Ok(v) => (v, None),
+            Err(e) => (serde_json::Value::Null, Some(e)),
+        };
         let envelope = Envelope {
             id: id.into(),
             topic: topic.into(),
@@ -544,6 +553,10 @@ impl Producer {
             created_at: now_ms(),
             due_at: when.into().due_ms(&WallClock::system()),
         };
+        if let Some(e) = encode_error {
+            let e = EnvelopeError::Encode(e.to_string());
+            return Err(QueueError::Envelope(e, Box::new(envelope)));
+        }
         self.enqueue_envelope(envelope, false).await
     }
 

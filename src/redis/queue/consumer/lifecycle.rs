@@ -16,10 +16,13 @@ use crate::redis::queue::config::{Conn, QueueConfig, QueueError};
 use crate::redis::store_error::StoreError;
 use crate::Timer;
 
+#[cfg(feature = "tokio")]
+use super::async_pool::AsyncPool;
 use super::claim::*;
 use super::handlers::*;
 use super::outcomes::*;
 use super::reaper::*;
+use super::registry::Handlers;
 use super::shared::*;
 use super::stall::*;
 use super::subscriber::*;
@@ -47,6 +50,9 @@ pub struct Consumer {
     pub(super) loops: Vec<tokio::task::JoinHandle<()>>,
     pub(super) resolver: Option<tokio::task::JoinHandle<()>>,
     pub(super) finish: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The runtime `async` handlers run on, when the consumer started it.
+    #[cfg(feature = "tokio")]
+    pub(super) handler_rt: Option<OwnedRuntime>,
 }
 
 impl fmt::Debug for Consumer {
@@ -98,6 +104,8 @@ impl Consumer {
                 notify: tokio::sync::Notify::new(),
             })
             .collect();
+        #[cfg(feature = "tokio")]
+        let (async_pool, handler_rt) = async_handlers(&cfg, &handlers)?;
         let (out_tx, out_rx) = mpsc::channel(OUTCOME_BOUND);
         let shared = Arc::new(Shared {
             batch_name: format!("{id}:{:016x}", fastrand::u64(..)),
@@ -122,6 +130,8 @@ impl Consumer {
             last_start_us: AtomicU64::new(0),
             started: std::time::Instant::now(),
             handing_back: Mutex::new(Vec::new()),
+            #[cfg(feature = "tokio")]
+            async_pool,
             cfg,
         });
         let timer = {
@@ -165,6 +175,8 @@ impl Consumer {
             loops,
             resolver: Some(resolver),
             finish: Some(finish),
+            #[cfg(feature = "tokio")]
+            handler_rt,
         })
     }
 
@@ -283,6 +295,14 @@ impl Consumer {
         };
         match stopped {
             Some(undelivered) => {
+                // `async` handlers' futures may still run: waited for until the deadline,
+                // then dropped, their tasks handed back (below).
+                #[cfg(feature = "tokio")]
+                if let Some(pool) = &self.shared.async_pool {
+                    if !pool.wait_idle(remaining(deadline)) {
+                        self.shared.aborted.store(true, SeqCst);
+                    }
+                }
                 let rest: Vec<_> = {
                     let mut held = self.shared.held.lock();
                     undelivered
@@ -324,6 +344,26 @@ impl Consumer {
                 failure = failure.or(f);
             }
         }
+        // `async` handlers still running past the timeout: unlike a thread, a future can be
+        // stopped, so it is dropped, and its task handed back at once rather than left to its
+        // lease.
+        #[cfg(feature = "tokio")]
+        if let Some(pool) = &self.shared.async_pool {
+            pool.close();
+            if self.shared.aborted.load(SeqCst) {
+                let running = pool.abort_running();
+                if !running.is_empty() {
+                    tracing::warn!(
+                        consumer = %self.shared.id,
+                        tasks = running.len(),
+                        "async handlers still running at the shutdown timeout: dropped, their tasks handed back"
+                    );
+                }
+                let (g, f) = self.give_back(&rt, running, deadline);
+                given += g;
+                failure = failure.or(f);
+            }
+        }
         self.shared
             .counters
             .given_back
@@ -345,6 +385,8 @@ impl Consumer {
             }
         }
         drop(rt);
+        #[cfg(feature = "tokio")]
+        drop(self.handler_rt.take());
         tracing::debug!(consumer = %self.shared.id, given_back = given, "queue consumer stopped");
         match failure {
             None => Ok(given),
@@ -378,6 +420,16 @@ impl Consumer {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
+        // As a crash would: running futures stop, their tasks are left to their leases.
+        #[cfg(feature = "tokio")]
+        if let Some(pool) = &self.shared.async_pool {
+            pool.close();
+            drop(pool.abort_running());
+        }
+        #[cfg(feature = "tokio")]
+        if let Some(rt) = self.handler_rt.take() {
+            rt.shutdown_background();
+        }
         let timer = self.timer.clone();
         let _ = std::thread::Builder::new()
             .name("delaywheel-queue-halt".into())
@@ -392,5 +444,79 @@ impl Drop for Consumer {
         if self.rt.is_some() {
             self.halt();
         }
+    }
+}
+
+/// The slots and runtime of `async` handlers, if there are any: the runtime given to
+/// [`Handlers::runtime`], or one started here (as many workers as cores, at most
+/// `handler_threads`).
+#[cfg(feature = "tokio")]
+#[allow(clippy::type_complexity)]
+fn async_handlers(
+    cfg: &QueueConfig,
+    handlers: &Handlers,
+) -> Result<(Option<Arc<AsyncPool<HandBack>>>, Option<OwnedRuntime>), QueueError> {
+    if !handlers.has_async() {
+        return Ok((None, None));
+    }
+    let (handle, owned) = match &handlers.runtime {
+        Some(handle) => (handle.clone(), None),
+        None => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let rt = OwnedRuntime::new(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(cores.min(cfg.handler_threads).max(1))
+                    .thread_name("delaywheel-handler")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| QueueError::Spawn(e.to_string()))?,
+            );
+            (rt.handle().clone(), Some(rt))
+        }
+    };
+    Ok((
+        Some(Arc::new(AsyncPool::new(cfg.handler_threads, handle))),
+        owned,
+    ))
+}
+
+#[cfg(feature = "tokio")]
+impl Consumer {
+    /// [`start`](Self::start) for async code (feature `tokio`): the connecting and the
+    /// threads' start run on tokio's blocking pool, so no runtime thread waits. Errors as for
+    /// `start`, and [`QueueError::Spawn`] if the blocking pool could not run it.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), delaywheel::redis::QueueError> {
+    /// use std::time::Duration;
+    /// use delaywheel::redis::{Consumer, Envelope, Handlers, QueueConfig};
+    ///
+    /// let handlers = Handlers::new()
+    ///     .runtime(tokio::runtime::Handle::current())
+    ///     .on_async("order.close", |task: Envelope| async move {
+    ///         println!("close {}", task.id);
+    ///         Ok(())
+    ///     });
+    /// let consumer = Consumer::start_async(QueueConfig::new("redis://127.0.0.1/", "orders"), handlers).await?;
+    /// // ... serve ...
+    /// consumer.shutdown_async(Duration::from_secs(10)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn start_async(cfg: QueueConfig, handlers: Handlers) -> Result<Consumer, QueueError> {
+        tokio::task::spawn_blocking(move || Consumer::start(cfg, handlers))
+            .await
+            .map_err(|e| QueueError::Spawn(e.to_string()))?
+    }
+
+    /// [`shutdown`](Self::shutdown) for async code (feature `tokio`): the wait runs on
+    /// tokio's blocking pool, so no runtime thread waits, and `async` handlers on the
+    /// application's runtime go on running meanwhile. Returns as `shutdown` does, and
+    /// [`QueueError::Spawn`] if the blocking pool could not run it (the consumer is then
+    /// dropped, as by [`abort`](Self::abort)).
+    pub async fn shutdown_async(self, timeout: Duration) -> Result<usize, QueueError> {
+        tokio::task::spawn_blocking(move || self.shutdown(timeout))
+            .await
+            .map_err(|e| QueueError::Spawn(e.to_string()))?
     }
 }

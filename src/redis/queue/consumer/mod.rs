@@ -5,7 +5,9 @@
 //! [`lifecycle`], which starts them and stops them:
 //!
 //! * [`claim`]: the claim loop, one per shard; [`subscriber`]: the wake-up subscriber;
-//! * [`handlers`]: the handler pool the wheel fires into;
+//! * [`registry`]: the handler table users fill ([`Handlers`]); [`handlers`]: the handler
+//!   pool the wheel fires into, and (feature `tokio`) `async_pool`, the slots and runtime of
+//!   `async` handlers;
 //! * [`outcomes`]: the outcome writer (acks, retries, dead letters), with [`writes`], its
 //!   write tasks; [`renewal`]: lease renewal;
 //! * [`reaper`]: expired leases back to the queue, and the sweep of lone envelopes;
@@ -23,17 +25,21 @@
 //!   (hand it back). The stall loop keeps what it took in `handing_back` until Redis has it
 //!   (renewed meanwhile), so a failed or interrupted hand-back is tried again, or by
 //!   `shutdown`, rather than left to a lease expiry.
-//! * Handlers run on the wheel's callback pool, never on the async runtime; their outcomes go
+//! * Handlers run on the wheel's callback pool (an `async` handler's future on the handler
+//!   runtime, never on the consumer's own), at most `handler_threads` at once; their outcomes go
 //!   to the resolver task, which batches acks and writes each shard's calls as tasks of their
 //!   own, so a shard whose node hangs holds back no other shard's.
 //! * Delivery is at-least-once: a crash or an expired lease can fire a task twice. Handlers
 //!   are idempotent (see [`Dedup`](crate::redis::Dedup)).
 
+#[cfg(feature = "tokio")]
+mod async_pool;
 mod claim;
 mod handlers;
 mod lifecycle;
 mod outcomes;
 mod reaper;
+mod registry;
 mod renewal;
 mod shared;
 mod stall;
@@ -41,4 +47,5 @@ mod subscriber;
 mod writes;
 
 pub use lifecycle::Consumer;
-pub use shared::{HandlerError, Handlers, QueueStats};
+pub use registry::{HandlerError, Handlers};
+pub use shared::QueueStats;

@@ -2,7 +2,6 @@
 //! handler table, the stats, and the messages between the loops.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,45 +13,13 @@ use tokio::sync::mpsc;
 use crate::redis::envelope::Envelope;
 use crate::redis::layout::KeyLayout;
 use crate::redis::queue::config::{Conn, QueueConfig};
+
+use super::registry::Handlers;
 use crate::redis::wall_clock::since_epoch;
 use crate::TimerId;
 
 /// Outcomes of fired tasks waiting for the resolver, at most.
 pub(super) const OUTCOME_BOUND: usize = 65_536;
-
-/// What a handler returns on failure; the message becomes the dead-letter reason.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
-
-pub(super) type Handler = Arc<dyn Fn(&Envelope) -> Result<(), HandlerError> + Send + Sync>;
-
-/// The handlers of a consumer, by topic.
-#[derive(Clone, Default)]
-pub struct Handlers {
-    pub(super) map: HashMap<String, Handler>,
-}
-
-impl fmt::Debug for Handlers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set().entries(self.map.keys()).finish()
-    }
-}
-
-impl Handlers {
-    /// No handlers yet.
-    pub fn new() -> Handlers {
-        Handlers::default()
-    }
-
-    /// Runs `handler` for tasks of `topic` (replacing an earlier one for the same topic). It
-    /// runs on a handler thread; an `Err` or a panic is a failed attempt.
-    pub fn on<F>(mut self, topic: impl Into<String>, handler: F) -> Handlers
-    where
-        F: Fn(&Envelope) -> Result<(), HandlerError> + Send + Sync + 'static,
-    {
-        self.map.insert(topic.into(), Arc::new(handler));
-        self
-    }
-}
 
 /// Counters and lateness of one consumer.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -207,6 +174,9 @@ pub(super) struct Shared {
     pub(super) started: std::time::Instant,
     /// Tasks the stall loop took out of `held` and has not yet handed back.
     pub(super) handing_back: Mutex<Vec<HandBack>>,
+    /// The slots and the runtime of `async` handlers, when there are any.
+    #[cfg(feature = "tokio")]
+    pub(super) async_pool: Option<Arc<super::async_pool::AsyncPool<HandBack>>>,
 }
 
 pub(super) fn now_us() -> u64 {
