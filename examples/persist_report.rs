@@ -2,7 +2,8 @@
 //! `--redis URL`), and prints a report:
 //!
 //! * schedule + cancel through a `WriteBehind` [`Persistent`] engine vs the in-memory
-//!   `Timer<String>` (target ≤ 2×), same ids, same run;
+//!   `Timer<String>` (target ≤ 2×), same ids, same run: with a `null` payload, and with a
+//!   typed one (a struct serialized at the call);
 //! * flusher throughput: task upserts, and removals, per second written to Redis (target
 //!   ≥ 300k/s), beside Redis's own pace for the same writes (the same command stream down a
 //!   raw socket, no client library), the Redis server's CPU meanwhile, and the longest
@@ -26,6 +27,13 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use delaywheel::redis::{now_ms, PersistConfig, Persistent};
 use delaywheel::Timer;
+
+/// The typed payload of the schedule + cancel measure: what an order service schedules.
+#[derive(serde::Serialize)]
+struct CloseOrder {
+    order_id: u64,
+    customer_id: u64,
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "Measure delaywheel's Redis persistence against its targets")]
@@ -247,7 +255,7 @@ fn main() {
     cfg.flush_interval = Duration::from_millis(5);
     let (persist, _fired) = Persistent::start(cfg).expect("persistent engine");
     persist.restore(RESTORE_PAGE).expect("restore");
-    let (mut mem_ns, mut persist_ns) = (Vec::new(), Vec::new());
+    let (mut mem_ns, mut persist_ns, mut typed_ns) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..7 {
         let t = Instant::now();
         for id in &ids[..args.pairs] {
@@ -265,8 +273,44 @@ fn main() {
             persist.cancel(id);
         }
         persist_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
+        // The same with a typed payload, as an order service writes it: serialized at the call.
+        let t = Instant::now();
+        for (i, id) in ids[..args.pairs].iter().enumerate() {
+            let close = CloseOrder {
+                order_id: i as u64,
+                customer_id: 7,
+            };
+            persist
+                .schedule_at_ms(id.clone(), "order.close", &close, far)
+                .expect("schedule");
+            persist.cancel(id);
+        }
+        typed_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
     }
-    let (mem_ns, persist_ns) = (median(mem_ns), median(persist_ns));
+    let (mem_ns, persist_ns, typed_ns) = (median(mem_ns), median(persist_ns), median(typed_ns));
+    // Where the typed payload's cost goes: serde alone, into the envelope's `Value` and into
+    // JSON bytes (the least any design pays that checks the encoded size at the call).
+    let serde_ns = |to_bytes: bool| {
+        let rounds: Vec<f64> = (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                for i in 0..args.pairs {
+                    let close = CloseOrder {
+                        order_id: i as u64,
+                        customer_id: 7,
+                    };
+                    if to_bytes {
+                        std::hint::black_box(serde_json::to_vec(&close).expect("encode"));
+                    } else {
+                        std::hint::black_box(serde_json::to_value(&close).expect("encode"));
+                    }
+                }
+                t.elapsed().as_nanos() as f64 / args.pairs as f64
+            })
+            .collect();
+        median(rounds)
+    };
+    let (to_value_ns, to_vec_ns) = (serde_ns(false), serde_ns(true));
     drop(persist);
 
     // 2. flusher throughput: journal N upserts while the flusher sleeps, then time the flush.
@@ -398,6 +442,27 @@ fn main() {
         persist_ns / mem_ns
     );
     println!(
+        "{:<44} {:>9.0} ns {:>12} {:>7.2}×",
+        "  the same, typed payload (struct, 2 fields)",
+        typed_ns,
+        "≤ 2×",
+        typed_ns / mem_ns
+    );
+    println!(
+        "{:<44} {:>9.0} ns {:>12} {:>7.2}×",
+        "  serde_json::to_value of that payload alone",
+        to_value_ns,
+        "",
+        to_value_ns / mem_ns
+    );
+    println!(
+        "{:<44} {:>9.0} ns {:>12} {:>7.2}×",
+        "  serde_json::to_vec of that payload alone",
+        to_vec_ns,
+        "",
+        to_vec_ns / mem_ns
+    );
+    println!(
         "{:<44} {:>9.0}/s {:>12}",
         "flusher upserts, Redis growing", flush_ops_per_s, "≥ 300000/s"
     );
@@ -473,6 +538,10 @@ fn main() {
                 "schedule_cancel_mem_ns": mem_ns,
                 "schedule_cancel_persist_ns": persist_ns,
                 "schedule_cancel_ratio": persist_ns / mem_ns,
+                "schedule_cancel_typed_ns": typed_ns,
+                "schedule_cancel_typed_ratio": typed_ns / mem_ns,
+                "payload_to_value_ns": to_value_ns,
+                "payload_to_vec_ns": to_vec_ns,
                 "flush_ops_per_s": flush_ops_per_s,
                 "flush_remove_ops_per_s": remove_ops_per_s,
                 "redis_pace_cold_ops_per_s": ceiling_cold,
