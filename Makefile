@@ -90,6 +90,10 @@ smoke:
 	$(CARGO) run --all-features --example persist_report -- --smoke --json
 	$(CARGO) run --all-features --example order_timeout -- --smoke --json
 	$(CARGO) run --all-features --example vs_polling -- --smoke --json
+	@# The three programs of a new user: a tokio gateway, an order service, a queue pair.
+	$(CARGO) run --all-features --example tokio_gateway -- --smoke --json
+	$(CARGO) run --all-features --example order_service -- --smoke --json
+	$(CARGO) run --all-features --example queue_pair -- --smoke --json
 
 bench:
 	$(CARGO) bench --bench wheel
