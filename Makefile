@@ -61,8 +61,16 @@ fmt:
 clippy:
 	$(CARGO) clippy --all-targets --all-features -- -D warnings
 
+# The doc examples of the Redis layer run against one private redis-server (on a Unix socket in
+# a temp dir, nothing on disk), named by DELAYWHEEL_TEST_REDIS; the integration tests start
+# their own.
 unit:
-	$(CARGO) test --all-features
+	@dir=$$(mktemp -d) && \
+	redis-server --port 0 --unixsocket $$dir/redis.sock --save '' --appendonly no \
+		--dir $$dir --pidfile $$dir/redis.pid --daemonize yes >/dev/null && \
+	for i in $$(seq 100); do [ -S $$dir/redis.sock ] && break; sleep 0.05; done; \
+	DELAYWHEEL_TEST_REDIS=redis+unix://$$dir/redis.sock $(CARGO) test --all-features; \
+	status=$$?; kill $$(cat $$dir/redis.pid) 2>/dev/null; rm -rf $$dir; exit $$status
 	@# Without the optional features, and with each alone: each gated module builds by itself.
 	$(CARGO) clippy --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy --lib --features futures -- -D warnings

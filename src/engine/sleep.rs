@@ -261,11 +261,37 @@ pub struct Sleep {
 impl Sleep {
     /// When this sleep completes, as asked for (the engine fires it at the tick boundary at or
     /// after this; a delay past what an `Instant` holds is taken as 30 years).
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use delaywheel::sleep::Sleeper;
+    ///
+    /// let sleeper = Sleeper::new().unwrap();
+    /// let at = Instant::now() + Duration::from_secs(30);
+    /// let mut sleep = sleeper.sleep_until(at);
+    /// assert_eq!(sleep.deadline(), at);
+    /// sleep.reset(at + Duration::from_secs(30));
+    /// assert_eq!(sleep.deadline(), at + Duration::from_secs(30));
+    /// ```
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
 
     /// Whether the sleep has completed: its timer fired (an engine shutdown does not count).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use delaywheel::sleep::Sleeper;
+    ///
+    /// let sleeper = Sleeper::new().unwrap();
+    /// let mut sleep = sleeper.sleep(Duration::from_millis(5));
+    /// assert!(!sleep.is_elapsed());
+    /// (&mut sleep).await.unwrap();
+    /// assert!(sleep.is_elapsed());
+    /// # }
+    /// ```
     pub fn is_elapsed(&self) -> bool {
         self.state.state.load(SeqCst) == FIRED
     }

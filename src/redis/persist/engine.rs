@@ -252,20 +252,24 @@ impl<S: TaskStore> Persistent<S> {
     /// [`EnvelopeError::Encode`](crate::redis::EnvelopeError::Encode), the envelope's payload
     /// `null`); [`PersistError::Unconfirmed`] (`WriteThrough` with a timeout) refuses nothing.
     ///
-    /// ```no_run
+    /// ```
     /// use std::time::Duration;
     /// use delaywheel::redis::{PersistConfig, Persistent};
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct CloseOrder { order_id: u64 }
     ///
-    /// let (engine, fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
-    /// engine.schedule("order:42", "order.close", &CloseOrder { order_id: 42 }, Duration::from_secs(30 * 60))?;
-    /// for task in fired {
-    ///     let close: CloseOrder = task.payload_as().expect("a CloseOrder");
-    ///     // close order `close.order_id` if it is still unpaid, then:
-    ///     engine.ack(&task);
-    /// }
+    /// # let url = std::env::var("DELAYWHEEL_TEST_REDIS").expect("set DELAYWHEEL_TEST_REDIS to a Redis URL (`make test` starts a private one)");
+    /// let (engine, fired) = Persistent::start(PersistConfig::new(&url, "doc-schedule"))?;
+    /// # engine.restore(1_000)?;
+    /// // 30 minutes in production.
+    /// engine.schedule("order:42", "order.close", &CloseOrder { order_id: 42 }, Duration::from_millis(10))?;
+    /// let task = fired.recv().unwrap();
+    /// let close: CloseOrder = task.payload_as().expect("a CloseOrder");
+    /// assert_eq!(close.order_id, 42);
+    /// // close order 42 if it is still unpaid, then:
+    /// engine.ack(&task);
+    /// # engine.shutdown();
     /// # Ok::<(), delaywheel::redis::PersistError>(())
     /// ```
     pub fn schedule(
@@ -547,16 +551,19 @@ impl<S: TaskStore> Persistent<S> {
     /// envelope); an engine that lost its lease returns `Unconfirmed`. Under either
     /// [`Durability`].
     ///
-    /// ```no_run
+    /// ```
     /// use delaywheel::redis::{PersistConfig, PersistError, Persistent};
     ///
-    /// let (engine, _fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
+    /// # let url = std::env::var("DELAYWHEEL_TEST_REDIS").expect("set DELAYWHEEL_TEST_REDIS to a Redis URL (`make test` starts a private one)");
+    /// let (engine, _fired) = Persistent::start(PersistConfig::new(&url, "doc-cancel"))?;
+    /// # engine.schedule("order:42", "order.close", serde_json::Value::Null, std::time::Duration::from_secs(60))?;
     /// // The order was paid: its timeout must never fire, even if this process dies now.
     /// match engine.cancel_confirmed("order:42") {
     ///     Ok(_) => {}
     ///     Err(PersistError::Unconfirmed(id)) => eprintln!("{id}: cancel not yet in Redis"),
     ///     Err(e) => return Err(e),
     /// }
+    /// # engine.shutdown();
     /// # Ok::<(), delaywheel::redis::PersistError>(())
     /// ```
     pub fn cancel_confirmed(&self, id: &str) -> Result<bool, PersistError> {
@@ -568,6 +575,21 @@ impl<S: TaskStore> Persistent<S> {
     /// [`ack`](Self::ack), then waits until the store has the removal, as
     /// [`cancel_confirmed`](Self::cancel_confirmed) does: `Ok(acked)` once written, else
     /// [`PersistError::Unconfirmed`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::redis::{PersistConfig, Persistent};
+    ///
+    /// # let url = std::env::var("DELAYWHEEL_TEST_REDIS").expect("set DELAYWHEEL_TEST_REDIS to a Redis URL (`make test` starts a private one)");
+    /// let (engine, fired) = Persistent::start(PersistConfig::new(&url, "doc-ack"))?;
+    /// # engine.restore(1_000)?;
+    /// engine.schedule("charge:7", "charge.retry", serde_json::Value::Null, Duration::from_millis(5))?;
+    /// let task = fired.recv().unwrap();
+    /// // The charge went through: once this returns `Ok`, a crash cannot run it again.
+    /// assert!(engine.ack_confirmed(&task)?);
+    /// # engine.shutdown();
+    /// # Ok::<(), delaywheel::redis::PersistError>(())
+    /// ```
     pub fn ack_confirmed(&self, task: &Envelope) -> Result<bool, PersistError> {
         let acked = self.ack(task);
         self.confirm(&task.id)?;

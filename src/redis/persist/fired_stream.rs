@@ -70,17 +70,24 @@ impl<S: TaskStore> Persistent<S> {
     /// only by this engine: given another engine's receiver, it reads that engine's tasks
     /// only when this one fires or shuts down.
     ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), delaywheel::redis::PersistError> {
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), delaywheel::redis::PersistError> {
+    /// use std::time::Duration;
     /// use futures_util::StreamExt;
     /// use delaywheel::redis::{PersistConfig, Persistent};
     ///
-    /// let (engine, fired) = Persistent::start(PersistConfig::new("redis://127.0.0.1/", "orders"))?;
+    /// # let url = std::env::var("DELAYWHEEL_TEST_REDIS").expect("set DELAYWHEEL_TEST_REDIS to a Redis URL (`make test` starts a private one)");
+    /// let (engine, fired) = Persistent::start(PersistConfig::new(&url, "doc-stream"))?;
+    /// # engine.restore(1_000)?;
+    /// engine.schedule("order:42", "order.close", serde_json::Value::Null, Duration::from_millis(5))?;
     /// let mut fired = engine.stream(fired);
     /// while let Some(task) = fired.next().await {
     ///     // close the order if it is still unpaid, then:
     ///     engine.ack(&task);
+    /// #   break;
     /// }
+    /// # engine.shutdown();
     /// # Ok(())
     /// # }
     /// ```

@@ -534,6 +534,26 @@ impl Producer {
     /// `id` with no queue entry (another client's, half written or left behind) does not
     /// count: it is written over. Errors hand the envelope back (a payload that does not
     /// serialize: [`EnvelopeError::Encode`], the envelope's payload `null`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), delaywheel::redis::QueueError> {
+    /// use std::time::Duration;
+    /// use delaywheel::redis::{Producer, QueueConfig};
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct CloseOrder { order_id: u64 }
+    ///
+    /// # let url = std::env::var("DELAYWHEEL_TEST_REDIS").expect("set DELAYWHEEL_TEST_REDIS to a Redis URL (`make test` starts a private one)");
+    /// let producer = Producer::connect(QueueConfig::new(&url, "doc-enqueue")).await?;
+    /// # producer.cancel("order:42").await?;
+    /// let close = CloseOrder { order_id: 42 };
+    /// assert!(producer.enqueue("order:42", "order.close", &close, Duration::from_secs(30 * 60)).await?);
+    /// // The same id again changes nothing.
+    /// assert!(!producer.enqueue("order:42", "order.close", &close, Duration::from_secs(60)).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn enqueue(
         &self,
         id: impl Into<String>,

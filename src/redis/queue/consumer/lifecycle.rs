@@ -486,19 +486,29 @@ impl Consumer {
     /// threads' start run on tokio's blocking pool, so no runtime thread waits. Errors as for
     /// `start`, and [`QueueError::Spawn`] if the blocking pool could not run it.
     ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), delaywheel::redis::QueueError> {
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), delaywheel::redis::QueueError> {
     /// use std::time::Duration;
-    /// use delaywheel::redis::{Consumer, Envelope, Handlers, QueueConfig};
+    /// use delaywheel::redis::{Consumer, Envelope, Handlers, Producer, QueueConfig};
     ///
+    /// # let url = std::env::var("DELAYWHEEL_TEST_REDIS").expect("set DELAYWHEEL_TEST_REDIS to a Redis URL (`make test` starts a private one)");
+    /// let (done, mut closed) = tokio::sync::mpsc::unbounded_channel();
     /// let handlers = Handlers::new()
     ///     .runtime(tokio::runtime::Handle::current())
-    ///     .on_async("order.close", |task: Envelope| async move {
-    ///         println!("close {}", task.id);
-    ///         Ok(())
+    ///     .on_async("order.close", move |task: Envelope| {
+    ///         let done = done.clone();
+    ///         async move {
+    ///             // an async database call here
+    ///             done.send(task.id)?;
+    ///             Ok(())
+    ///         }
     ///     });
-    /// let consumer = Consumer::start_async(QueueConfig::new("redis://127.0.0.1/", "orders"), handlers).await?;
-    /// // ... serve ...
+    /// let cfg = QueueConfig::new(&url, "doc-consumer");
+    /// let consumer = Consumer::start_async(cfg.clone(), handlers).await?;
+    /// let producer = Producer::connect(cfg).await?;
+    /// producer.enqueue("order:42", "order.close", serde_json::Value::Null, Duration::ZERO).await?;
+    /// assert_eq!(closed.recv().await.as_deref(), Some("order:42"));
     /// consumer.shutdown_async(Duration::from_secs(10)).await?;
     /// # Ok(())
     /// # }
@@ -513,7 +523,8 @@ impl Consumer {
     /// tokio's blocking pool, so no runtime thread waits, and `async` handlers on the
     /// application's runtime go on running meanwhile. Returns as `shutdown` does, and
     /// [`QueueError::Spawn`] if the blocking pool could not run it (the consumer is then
-    /// dropped, as by [`abort`](Self::abort)).
+    /// dropped, as by [`abort`](Self::abort)). See [`start_async`](Self::start_async) for an
+    /// example.
     pub async fn shutdown_async(self, timeout: Duration) -> Result<usize, QueueError> {
         tokio::task::spawn_blocking(move || self.shutdown(timeout))
             .await

@@ -96,6 +96,19 @@ impl Handlers {
     /// [`Envelope::payload_as`]), on a handler thread. A payload that does not decode is a
     /// failed attempt whose reason is the [`PayloadError`](crate::redis::PayloadError): it is
     /// retried, then dead-lettered, never dropped.
+    ///
+    /// ```
+    /// use delaywheel::redis::{Envelope, Handlers};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct CloseOrder { order_id: u64 }
+    ///
+    /// let handlers = Handlers::new().on_typed("order.close", |close: CloseOrder, task: &Envelope| {
+    ///     println!("close order {} (attempt {})", close.order_id, task.attempt);
+    ///     Ok(())
+    /// });
+    /// # drop(handlers);
+    /// ```
     pub fn on_typed<T, F>(self, topic: impl Into<String>, handler: F) -> Handlers
     where
         T: DeserializeOwned,
