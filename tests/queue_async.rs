@@ -437,3 +437,57 @@ fn shutdown_waits_for_running_futures_then_hands_back_the_rest() {
         );
     }
 }
+
+/// The application's runtime shuts down under a running future, and stays down: the dropped
+/// future is a failed attempt, and so is each later one that cannot run, until the task is
+/// dead-lettered with the reason. Never stranded in the consumer, renewed for ever.
+#[test]
+fn a_handler_runtime_that_shuts_down_fails_the_attempts_and_loses_nothing() {
+    let Fixture {
+        server: _s,
+        rt,
+        cfg,
+        p,
+    } = fixture("async-rt-gone", |cfg| {
+        cfg.retry = RetryPolicy {
+            max_attempts: 3,
+            backoff: Backoff::Quadratic {
+                unit: Duration::from_millis(20),
+            },
+        };
+    });
+    let app = tokio::runtime::Runtime::new().unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let handlers = {
+        let started = started.clone();
+        Handlers::new()
+            .runtime(app.handle().clone())
+            .on_async("job", move |_t: Envelope| {
+                started.fetch_add(1, SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok(())
+                }
+            })
+    };
+    let c = Consumer::start(cfg, handlers).unwrap();
+    enqueue_all(&rt, &p, "job", vec![("t".into(), now_ms())]);
+    wait_until("the future", || started.load(SeqCst) == 1);
+    app.shutdown_background();
+    wait_until("the dead letter", || {
+        rt.block_on(p.depth()).unwrap().dead == 1
+    });
+    let dead = rt.block_on(p.dead_letters(10)).unwrap();
+    assert_eq!(dead[0].id, "t");
+    assert_eq!(dead[0].attempt, 3);
+    assert!(
+        dead[0].reason.contains("future was dropped"),
+        "{}",
+        dead[0].reason
+    );
+    let s = c.stats();
+    assert_eq!((s.retried, s.dead_lettered, s.acked), (2, 1, 0), "{s:?}");
+    let depth = rt.block_on(p.depth()).unwrap();
+    assert_eq!((depth.queued, depth.leased), (0, 0));
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}

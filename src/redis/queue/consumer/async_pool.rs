@@ -16,7 +16,8 @@ pub(super) struct AsyncPool<K> {
     /// Where the futures run.
     pub(super) handle: tokio::runtime::Handle,
     /// The futures running now, by a number of their own, with their tasks.
-    running: Mutex<HashMap<u64, (K, tokio::task::AbortHandle)>>,
+    /// (An abort handle is `None` for the moment between the spawn and its registration.)
+    running: Mutex<HashMap<u64, (K, Option<tokio::task::AbortHandle>)>>,
     next: AtomicU64,
 }
 
@@ -58,29 +59,32 @@ impl<K: Send + 'static> AsyncPool<K> {
     }
 
     /// Spawns `fut`, the handler of `task`, on the pool's runtime, registered as running
-    /// until it ends (or is dropped). `false` if the runtime has shut down.
+    /// until it ends or is dropped (also unpolled, by a runtime that has shut down). `false`
+    /// if `Handle::spawn` panicked.
     pub(super) fn spawn<F>(self: &Arc<Self>, task: K, fut: F) -> bool
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         let n = self.next.fetch_add(1, Relaxed);
-        let pool = self.clone();
-        // Registered under the lock the future's end takes too: it cannot end before it is
-        // registered, and leave an entry behind.
-        let mut running = self.running.lock();
+        // Registered before the spawn, and not under the lock: a runtime that has shut down
+        // drops the future inside `spawn`, and its guard takes the lock to unregister it.
+        self.running.lock().insert(n, (task, None));
+        let done = Finished(self.clone(), n);
         let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.handle.spawn(async move {
-                let _done = Finished(pool, n);
+                let _done = done;
                 fut.await
             })
         }));
         match spawned {
             Ok(join) => {
-                running.insert(n, (task, join.abort_handle()));
+                if let Some(entry) = self.running.lock().get_mut(&n) {
+                    entry.1 = Some(join.abort_handle());
+                }
                 true
             }
-            // `Handle::spawn` panics once its runtime has shut down.
             Err(payload) => {
+                self.running.lock().remove(&n);
                 crate::engine::delivery::forget_panic(payload);
                 false
             }
@@ -102,11 +106,21 @@ impl<K: Send + 'static> AsyncPool<K> {
 
     /// Drops every future still running; returns their tasks, to hand back.
     pub(super) fn abort_running(&self) -> Vec<K> {
-        self.running
+        let running: Vec<_> = self
+            .running
             .lock()
             .drain()
-            .map(|(_, (task, abort))| {
-                abort.abort();
+            .map(|(_, entry)| entry)
+            .collect();
+        // Out of the lock: a future dropped by its abort unregisters itself.
+        running
+            .into_iter()
+            .map(|(task, abort)| {
+                // One still being spawned is not stopped: its outcome, if any, is refused
+                // once its task is handed back (the lease has another owner then).
+                if let Some(abort) = abort {
+                    abort.abort();
+                }
                 task
             })
             .collect()
