@@ -9,16 +9,21 @@ CARGO ?= cargo
 PROPTEST_CASES ?= 10000
 export PROPTEST_CASES
 
-.PHONY: test deps layers fmt clippy unit docs smoke bench load fuzz
+.PHONY: test deps layers fmt clippy readme unit docs package smoke bench load fuzz
 # The steps run in order, also under `make -j`.
 .NOTPARALLEL:
 
 # apt-get needs root: through sudo for another user (non-interactive: a password prompt would
 # hang CI, so it fails instead, and the message says what to install).
+# `make test NO_INSTALL=1` installs nothing: a missing tool fails the step, naming it.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+ifeq ($(NO_INSTALL),)
 APT := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
+else
+APT := false
+endif
 
-test: deps layers fmt clippy unit docs smoke
+test: deps layers fmt clippy readme unit docs package smoke
 
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
@@ -61,6 +66,13 @@ fmt:
 clippy:
 	$(CARGO) clippy --all-targets --all-features -- -D warnings
 
+# The README is the front door, read in five minutes: contracts go to rustdoc, past runs to
+# benches/HISTORY.md.
+README_LIMIT := 15000
+readme:
+	@size=$$(wc -c < README.md); [ $$size -le $(README_LIMIT) ] || { \
+		echo "README.md is $$size bytes, over $(README_LIMIT): move details to rustdoc or benches/HISTORY.md"; exit 1; }
+
 # The doc examples of the Redis layer run against one private redis-server (on a Unix socket in
 # a temp dir, nothing on disk), named by DELAYWHEEL_TEST_REDIS; the integration tests start
 # their own.
@@ -81,23 +93,35 @@ docs:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --all-features --no-deps
 	cd fuzz && $(CARGO) check --locked
 
+# The crate as it would be published: the packaged files build, with no warning from cargo.
+package:
+	@out=$$($(CARGO) publish --dry-run --all-features --allow-dirty --locked 2>&1); status=$$?; \
+		echo "$$out" | tail -n 5; \
+		[ $$status = 0 ] || { echo "$$out"; exit $$status; }; \
+		! echo "$$out" | grep '^warning' | grep -vq 'aborting upload due to dry run' || { \
+			echo "$$out" | grep '^warning'; echo "cargo publish --dry-run warned"; exit 1; }
+
 # Every bench runs once on a small workload, and every example in its smoke mode, so they cannot rot.
 smoke:
 	$(CARGO) test --all-features --benches
 	$(CARGO) run --all-features --example wheel_load -- --smoke --json
-	@# Through a file, not a pipe: a pipe would hide the example's own exit status.
-	$(CARGO) run --all-features --example gateway -- --smoke --json > target/gateway-smoke.txt; \
-		status=$$?; cat target/gateway-smoke.txt; exit $$status
-	@# The last line is the JSON report the issue asks for: every key present, nothing lost.
-	@tail -n 1 target/gateway-smoke.txt > target/gateway-smoke.json
-	@for k in scheduled cancelled fired lost lateness_p50_ms lateness_p99_ms lateness_max_ms \
-		bytes_per_timer idle_cpu_pct; do \
-		grep -q "\"$$k\":" target/gateway-smoke.json || { echo "gateway --json lacks \"$$k\""; exit 1; }; \
-	done
-	@grep -q '"lost":0[,}]' target/gateway-smoke.json || { echo "gateway --json reports lost timers"; exit 1; }
+	@# Through a temp file, not a pipe (which would hide the example's exit status), and
+	@# not under target/: CARGO_TARGET_DIR may put the build elsewhere.
+	@out=$$(mktemp); $(CARGO) run --all-features --example gateway -- --smoke --json > $$out; \
+		status=$$?; cat $$out; [ $$status = 0 ] || { rm -f $$out; exit $$status; }; \
+		last=$$(tail -n 1 $$out); rm -f $$out; \
+		for k in scheduled cancelled fired lost lateness_p50_ms lateness_p99_ms lateness_max_ms \
+			bytes_per_timer idle_cpu_pct; do \
+			echo "$$last" | grep -q "\"$$k\":" || { echo "gateway --json lacks \"$$k\""; exit 1; }; \
+		done; \
+		echo "$$last" | grep -q '"lost":0[,}]' || { echo "gateway --json reports lost timers"; exit 1; }
 	$(CARGO) run --all-features --example persist_report -- --smoke --json
 	$(CARGO) run --all-features --example order_timeout -- --smoke --json
 	$(CARGO) run --all-features --example vs_polling -- --smoke --json
+	@# The minimal examples a user copies.
+	$(CARGO) run --all-features --example timeouts
+	$(CARGO) run --all-features --example durable_orders
+	$(CARGO) run --all-features --example queue
 	@# The three programs of a new user: a tokio gateway, an order service, a queue pair.
 	$(CARGO) run --all-features --example tokio_gateway -- --smoke --json
 	$(CARGO) run --all-features --example order_service -- --smoke --json

@@ -39,14 +39,17 @@
     rust_2018_idioms
 )]
 #![deny(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod wheel;
 
 mod engine;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 #[cfg(feature = "futures")]
+#[cfg_attr(docsrs, doc(cfg(feature = "futures")))]
 pub use engine::sleep;
 
 pub use engine::clock::ManualClock;
@@ -54,6 +57,7 @@ pub use engine::error::{BuildError, ScheduleError};
 pub use engine::expiration::{Expiration, Pending, TimerId};
 pub use engine::stats::{Lateness, Stats};
 #[cfg(feature = "futures")]
+#[cfg_attr(docsrs, doc(cfg(feature = "futures")))]
 pub use engine::stream::ExpirationStream;
 pub use engine::timer::{Timer, TimerBuilder};
 

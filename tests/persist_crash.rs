@@ -205,7 +205,7 @@ fn redis_sigkilled_mid_load_loses_nothing_while_the_wheel_keeps_firing() {
                 p.schedule_at_ms(id.clone(), "t", serde_json::json!(i), now_ms() + 3_600_000)
                     .unwrap();
                 long.insert(id);
-                if i % 3 == 0 {
+                if i.is_multiple_of(3) {
                     let victim = format!("long{}", i - 1);
                     assert!(p.cancel(&victim));
                     long.remove(&victim);

@@ -61,6 +61,7 @@ impl<T> Drop for ExpirationStream<T> {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "futures")))]
 impl<T: Send + 'static> TimerBuilder<T> {
     /// Builds an engine whose expirations are read as an async [`ExpirationStream`], through a
     /// queue of `bound` expirations (backpressure as for a bounded channel: the driver waits,

@@ -227,7 +227,7 @@ impl<T> Keys<T> {
             }
             // Keys naming this index stay stale: new records start above every generation it had.
             self.gen_floor = self.gen_floor.max(last.gen + 2);
-            debug_assert!(self.gen_floor <= FLOOR_MAX && self.gen_floor % 2 == 0);
+            debug_assert!(self.gen_floor <= FLOOR_MAX && self.gen_floor.is_multiple_of(2));
             // A vacant record holds no value, so popping it drops nothing.
             self.entries.pop();
         }

@@ -62,6 +62,7 @@ impl Drop for FiredStream {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "futures")))]
 impl<S: TaskStore> Persistent<S> {
     /// Turns `fired`, the receiver this engine's [`start`](Persistent::start) (or
     /// [`with_store`](Persistent::with_store)) returned, into an async [`FiredStream`]

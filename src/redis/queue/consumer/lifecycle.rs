@@ -481,6 +481,7 @@ fn async_handlers(
 }
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl Consumer {
     /// [`start`](Self::start) for async code (feature `tokio`): the connecting and the
     /// threads' start run on tokio's blocking pool, so no runtime thread waits. Errors as for

@@ -122,6 +122,7 @@ impl Handlers {
 }
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl Handlers {
     /// Runs the `async` `handler` for tasks of `topic` (feature `tokio`). Its future runs on
     /// the runtime given to [`runtime`](Self::runtime), or else on one the consumer starts
