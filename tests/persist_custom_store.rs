@@ -829,14 +829,10 @@ fn write_through_timeout_also_bounds_the_wait_for_room() {
 #[test]
 fn settings_out_of_range_are_refused() {
     let store = MemStore::default();
-    let zero_bound = PersistConfig {
-        journal_bound: 0,
-        ..PersistConfig::new("unused://", "unused")
-    };
-    let zero_interval = PersistConfig {
-        flush_interval: Duration::ZERO,
-        ..PersistConfig::new("unused://", "unused")
-    };
+    let mut zero_bound = PersistConfig::new("unused://", "unused");
+    zero_bound.journal_bound = 0;
+    let mut zero_interval = PersistConfig::new("unused://", "unused");
+    zero_interval.flush_interval = Duration::ZERO;
     for cfg in [zero_bound, zero_interval] {
         assert!(matches!(
             Persistent::with_store(cfg, store.clone()),

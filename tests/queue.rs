@@ -396,10 +396,8 @@ fn a_stalled_consumers_late_ack_is_refused_by_the_fencing_token() {
         cfg.max_lease_expiries = 0;
     });
     // A stalled consumer sends nothing, renewals included.
-    let stalled = QueueConfig {
-        renew_leases: false,
-        ..cfg.clone()
-    };
+    let mut stalled = cfg.clone();
+    stalled.renew_leases = false;
     let started = Arc::new(Mutex::new(0u32));
     let fired: Fired = Arc::default();
     let slow = {
@@ -1893,11 +1891,9 @@ fn a_paused_node_delays_no_other_shards_reaping() {
     let started = Arc::new(Mutex::new(false));
     let a = {
         let started = started.clone();
-        let only_other = QueueConfig {
-            assigned_shards: Some(vec![split.other]),
-            renew_leases: false,
-            ..split.cfg.clone()
-        };
+        let mut only_other = split.cfg.clone();
+        only_other.assigned_shards = Some(vec![split.other]);
+        only_other.renew_leases = false;
         Consumer::start(
             only_other,
             Handlers::new().on("job", move |_| {

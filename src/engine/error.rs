@@ -5,6 +5,7 @@ use std::fmt;
 /// Why [`Timer::schedule`](crate::Timer::schedule) (or `schedule_at`) refused a timer. The
 /// value is handed back in every case.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ScheduleError<T> {
     /// The engine has been shut down.
     Shutdown(T),
@@ -43,6 +44,7 @@ impl<T> std::error::Error for ScheduleError<T> {}
 
 /// Why [`TimerBuilder`](crate::TimerBuilder) refused a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BuildError {
     /// The tick must be at least 1 ns.
     ZeroTick,

@@ -72,6 +72,7 @@ impl From<StoredEnvelope> for Envelope {
 
 /// Why an [`Envelope`] was refused. Each variant says which limit was broken.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EnvelopeError {
     /// The id is empty.
     EmptyId,

@@ -39,6 +39,7 @@ pub struct Layout {
 
 /// Why [`Layout::new`] refused a shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LayoutError {
     /// `slots_per_level` must be a power of two from 2 to 4096.
     SlotsPerLevel(usize),

@@ -54,6 +54,7 @@ pub enum Overdue {
 
 /// Settings of a [`Persistent`](crate::redis::Persistent) engine.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PersistConfig {
     /// Redis URL (`redis://user:password@host/db`, `redis+unix:///path`, ...).
     pub url: String,
@@ -153,8 +154,11 @@ impl PersistConfig {
     }
 }
 
-/// Errors of the persistent engine. Those that refuse a task hand the envelope back.
+/// Errors of the persistent engine. Those that refuse a task hand the envelope back. Variants
+/// that wrap another error say what failed in their `Display`, and return the wrapped error
+/// from [`source`](std::error::Error::source) (print the chain to see both).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum PersistError {
     /// The namespace cannot be a hash tag.
     Namespace(NamespaceError),
@@ -202,15 +206,17 @@ pub enum PersistError {
 impl fmt::Display for PersistError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PersistError::Namespace(e) => e.fmt(f),
-            PersistError::Build(e) => e.fmt(f),
-            PersistError::Store(e) => e.fmt(f),
-            PersistError::Envelope(e, _) => e.fmt(f),
+            PersistError::Namespace(_) => f.write_str("the namespace cannot be used"),
+            PersistError::Build(_) => f.write_str("the persistent engine could not be built"),
+            PersistError::Store(_) => f.write_str("the task store failed"),
+            PersistError::Envelope(_, envelope) => {
+                write!(f, "task {:?} refused: it breaks a limit", envelope.id)
+            }
             PersistError::JournalFull(_) => f.write_str("the persistence journal is full"),
             PersistError::Config(e) => write!(f, "bad persistence setting: {e}"),
             PersistError::Shutdown(_) => f.write_str("the engine has been shut down"),
             PersistError::Stopped => f.write_str("restore stopped: the engine is shut down"),
-            PersistError::InUse(e) => e.fmt(f),
+            PersistError::InUse(_) => f.write_str("the namespace is used by a queue"),
             PersistError::EngineRunning(holder) => write!(
                 f,
                 "another persistent engine ({holder}) holds the namespace's writer lease"
@@ -229,7 +235,18 @@ impl fmt::Display for PersistError {
     }
 }
 
-impl std::error::Error for PersistError {}
+impl std::error::Error for PersistError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PersistError::Namespace(e) => Some(e),
+            PersistError::Build(e) => Some(e),
+            PersistError::Store(e) => Some(e),
+            PersistError::Envelope(e, _) => Some(e),
+            PersistError::InUse(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// What `restore` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -85,6 +85,7 @@ const MAX_CLAIM_BYTES: usize = 256 << 20;
 
 /// Settings of a queue, shared by its producers and consumers.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct QueueConfig {
     /// Redis URL (`redis://user:password@host/db`, `redis+unix:///path?user=..&pass=..`).
     pub url: String,
@@ -341,8 +342,11 @@ pub fn shard_of(id: &str, shards: u32) -> u32 {
     (h % u64::from(shards.max(1))) as u32
 }
 
-/// Errors of the queue. Those that refuse a task hand the envelope back.
+/// Errors of the queue. Those that refuse a task hand the envelope back. Variants that wrap
+/// another error say what failed in their `Display`, and return the wrapped error from
+/// [`source`](std::error::Error::source) (print the chain to see both).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum QueueError {
     /// The namespace cannot be a hash tag.
     Namespace(NamespaceError),
@@ -372,12 +376,14 @@ pub enum QueueError {
 impl fmt::Display for QueueError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            QueueError::Namespace(e) => e.fmt(f),
+            QueueError::Namespace(_) => f.write_str("the namespace cannot be used"),
             QueueError::Config(e) => write!(f, "bad queue setting: {e}"),
-            QueueError::Store(e) => e.fmt(f),
-            QueueError::Envelope(e, _) => e.fmt(f),
-            QueueError::NotEnqueued(e, envelope) => {
-                write!(f, "task {:?} not enqueued: {e}", envelope.id)
+            QueueError::Store(_) => f.write_str("redis refused or failed"),
+            QueueError::Envelope(_, envelope) => {
+                write!(f, "task {:?} refused: it breaks a limit", envelope.id)
+            }
+            QueueError::NotEnqueued(_, envelope) => {
+                write!(f, "task {:?} not enqueued", envelope.id)
             }
             QueueError::NotAnEnvelope(id) => {
                 write!(f, "dead-lettered entry {id} holds no task envelope")
@@ -386,12 +392,23 @@ impl fmt::Display for QueueError {
                 write!(f, "task {id} is pending again; its dead letter stays")
             }
             QueueError::Spawn(e) => write!(f, "could not start the consumer: {e}"),
-            QueueError::InUse(e) => e.fmt(f),
+            QueueError::InUse(_) => f.write_str("the namespace is used by a persistent engine"),
         }
     }
 }
 
-impl std::error::Error for QueueError {}
+impl std::error::Error for QueueError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            QueueError::Namespace(e) => Some(e),
+            QueueError::Store(e) => Some(e),
+            QueueError::Envelope(e, _) => Some(e),
+            QueueError::NotEnqueued(e, _) => Some(e),
+            QueueError::InUse(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<redis::RedisError> for QueueError {
     fn from(e: redis::RedisError) -> Self {

@@ -192,8 +192,9 @@ impl Dedup {
     }
 }
 
-/// Why [`Dedup::connect`] failed.
+/// Why [`Dedup::connect`] failed (the cause is its [`source`](std::error::Error::source)).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum DedupError {
     /// The namespace cannot be a hash tag.
     Namespace(NamespaceError),
@@ -204,10 +205,17 @@ pub enum DedupError {
 impl fmt::Display for DedupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DedupError::Namespace(e) => e.fmt(f),
-            DedupError::Store(e) => e.fmt(f),
+            DedupError::Namespace(_) => f.write_str("the namespace cannot be used"),
+            DedupError::Store(_) => f.write_str("redis refused or is unreachable"),
         }
     }
 }
 
-impl std::error::Error for DedupError {}
+impl std::error::Error for DedupError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DedupError::Namespace(e) => Some(e),
+            DedupError::Store(e) => Some(e),
+        }
+    }
+}
