@@ -13,6 +13,14 @@
 //!
 //! Dependencies point one way: the handle and the driver use the parts below them, and
 //! nothing here uses [`redis`](crate::redis).
+//!
+//! The engine's guarantees, each with the tests that cover it, are in `GUARANTEES.md` beside
+//! this file, which the [`Timer`](crate::Timer) docs include (its `# Guarantees` section on
+//! docs.rs). Observability: the counters of `metrics.rs` count as events happen and the
+//! driver publishes the gauges every
+//! [`metrics_interval`](crate::TimerBuilder::metrics_interval) (the series are listed there);
+//! `tracing` logs the driver's lifecycle at debug, and a warning when a delivery is later
+//! than [`lateness_warning`](crate::TimerBuilder::lateness_warning) (10 ms).
 
 pub(crate) mod clock;
 pub(crate) mod delivery;

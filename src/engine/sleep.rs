@@ -4,6 +4,27 @@
 //! Each future schedules one timer when it is created and cancels it when dropped. The driver
 //! thread wakes the task directly when the timer fires.
 //!
+//! # Guarantees
+//!
+//! The engine's [guarantees](crate::Timer#guarantees) hold for these timers, and (paths from
+//! the repository root):
+//!
+//! * A [`Sleep`] never completes before its deadline, and a [`Timeout`] returns the future's
+//!   output if it is ready first, else [`TimeoutError::Elapsed`]. `tests/engine_tokio.rs`:
+//!   `sleep_never_completes_early`, `timeout_returns_the_output_or_elapsed`.
+//! * Dropping a pending future cancels its timer, without waking its task.
+//!   `tests/engine_tokio.rs`: `dropping_a_sleep_cancels_its_timer`,
+//!   `dropping_a_pending_sleep_cancels_without_waking_its_task`.
+//! * [`Sleep::reset`] moves the same timer in the wheel (it inserts none), and a completed sleep
+//!   reset is pending again; the wake-up of its old deadline does not complete it.
+//!   `tests/sleep_reset.rs`: `a_reset_of_a_pending_sleep_moves_its_timer_and_inserts_none`,
+//!   `a_completed_sleep_reset_is_pending_again_and_wakes_its_task`,
+//!   `a_reset_right_after_the_fire_is_not_completed_by_the_old_wake_up`.
+//! * A shutdown of the engine wakes every pending sleep with [`EngineShutdown`] (a timeout,
+//!   with [`TimeoutError::Shutdown`]). `tests/engine_tokio.rs`:
+//!   `shutdown_wakes_pending_sleeps_with_an_error`; `tests/sleep_reset.rs`:
+//!   `a_reset_after_shutdown_completes_with_engine_shutdown`.
+//!
 //! # Deterministic tests: a manual clock, not tokio's paused one
 //!
 //! These futures run on the engine's clock, not on tokio's: `tokio::time::pause()` and
@@ -106,6 +127,7 @@ impl std::error::Error for EngineShutdown {}
 
 /// Why a [`Timeout`] did not return the inner future's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TimeoutError {
     /// The deadline passed first.
     Elapsed,

@@ -168,6 +168,8 @@ impl<T> Drop for Handle<T> {
 /// assert_eq!(fired.value, "request 2");
 /// assert!(fired.deadline <= std::time::Instant::now());
 /// ```
+///
+#[doc = include_str!("GUARANTEES.md")]
 pub struct Timer<T> {
     core: Arc<Core<T>>,
     handle: Arc<Handle<T>>,

@@ -62,6 +62,64 @@
 //! assert_eq!(wheel.poll(100), None);
 //! assert_eq!(wheel.now(), 100);
 //! ```
+//!
+//! # Guarantees
+//!
+//! Each with the tests that check it (paths from the repository root; `make test` runs them
+//! all, the model test with 10 000 proptest cases).
+//!
+//! * **Never early, in deadline order.** [`poll`](Wheel::poll)`(now)` yields exactly the
+//!   timers whose deadline is at or before `now`, in non-decreasing deadline order, for any
+//!   deadline up to `u64::MAX`, including those already due when inserted (they fire at the
+//!   next poll); a `now` that goes backwards fires nothing and changes nothing. `tests/wheel_rules.rs`: `never_fires_early_tick_by_tick`,
+//!   `past_and_present_deadlines_fire_at_the_next_poll`,
+//!   `overflow_tier_fires_exactly_on_time_up_to_u64_max`, `a_huge_jump_catches_up_in_one_loop`,
+//!   `ties_and_order`, `a_clock_that_goes_backwards_changes_nothing`,
+//!   `a_large_presized_wheel_fires_every_timer_in_order`.
+//! * **The wheel behaves as a sorted map.** `tests/wheel_model.rs`: `wheel_matches_model`
+//!   runs random insert, cancel, reset, poll, drain, clear and shrink sequences against a
+//!   `BTreeMap` model on eight layouts, with deadlines in the past, now, near, far, beyond the
+//!   range and at `u64::MAX`, poll jumps of 0, 1, small, huge and backwards, and stale and
+//!   forged keys.
+//! * **A key matches one timer, once.** [`cancel`](Wheel::cancel) and
+//!   [`reset`](Wheel::reset) of a key whose timer fired, was cancelled or belongs to a cleared
+//!   or shrunk wheel return `None`/`false` and touch nothing; a record is retired before its
+//!   32-bit generation wraps, so a stale key never matches again. `tests/wheel_rules.rs`:
+//!   `stale_keys_return_none_and_touch_nothing`, `stale_keys_survive_shrink_and_clear`,
+//!   `reset_moves_earlier_and_later_and_keeps_the_key`; unit tests in `src/wheel/keys.rs`.
+//! * **Every value is dropped exactly once**, whichever way it leaves the wheel (fired,
+//!   cancelled, drained, cleared, or the wheel dropped), also when a drain is leaked part-way
+//!   or a value's drop panics inside [`clear`](Wheel::clear) (the timers left still fire at
+//!   their deadlines). `tests/wheel_drops.rs`: `every_value_is_dropped_exactly_once`
+//!   (proptest, on the default layout and on a small one that reaches every level and the
+//!   overflow tier).
+//! * **Memory.** At most 40 allocated bytes per pending `u64` timer at 1M timers, and
+//!   cancelled storage is reused; [`shrink_to_fit`](Wheel::shrink_to_fit) returns it.
+//!   `tests/wheel_rules.rs`: `at_most_40_allocated_bytes_per_pending_u64_timer_at_1m`,
+//!   `cancelled_storage_is_reused_and_shrink_returns_memory`.
+//!
+//! # Fuzzing
+//!
+//! `fuzz/fuzz_targets/wheel_ops.rs` is a libFuzzer target (`cargo install cargo-fuzz && make
+//! fuzz`, under AddressSanitizer). Its interpreter, `tests/support/wheel_ops.rs`, drives insert,
+//! cancel, reset, poll, iter, full, partial and leaked drains, clear, shrink and dropping a
+//! wheel with timers pending, on heap values counted alive (a double drop or a leak fails).
+//! `tests/wheel_fuzz_replay.rs` runs the same interpreter on random and edge inputs in
+//! `make test`, so the target cannot rot. Runs of 287 000 and 298 000 inputs found nothing.
+//!
+//! # Unsafe code
+//!
+//! `unsafe` is denied crate-wide except in three places, all in this module:
+//!
+//! * the value slot of a key-table record (`MaybeUninit`, initialised exactly when the
+//!   record's generation is odd; the ground rules are at the top of `src/wheel/keys.rs`). It
+//!   saves the 8 bytes an `Option<u64>` would add to every record, which keeps a timer under
+//!   40 bytes. `tests/wheel_drops.rs` covers every block that touches a value;
+//! * a cache prefetch hint (a no-op off x86_64) in the cascade, expiry and insert loops: a
+//!   third off expiry in an A/B run (34.7 ms without, 23.1 ms with);
+//! * the `madvise(MADV_HUGEPAGE)` call for a pre-sized key table of 32 MiB or more
+//!   (`src/wheel/huge_pages.rs`; Linux only, a hint that changes no data): a third off
+//!   inserting 10M timers into a new [`Wheel::with_capacity`].
 
 mod huge_pages;
 mod iter;

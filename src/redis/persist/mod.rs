@@ -14,6 +14,15 @@
 //! Dependencies point one way, from the engine down: engine and restore, then flusher and
 //! lease, state, journal, index, config, and the store trait and rows that the Redis store
 //! implements. Nothing here uses the queue.
+//!
+//! The Redis store's scripts are `.lua` files in `lua/`, each with its keys, arguments and
+//! reply in its header: `page` (one keyset page of a restore, with the server's `run_id`),
+//! `remove` (a batch of removals, which Redis runs at `maxmemory`), `dead_letter`, `clear`,
+//! `swap_in` (a snapshot's rename, only under the engine's lease), `undo_half_applied`,
+//! `lease` and `release` (the writer lease).
+//!
+//! The contract (guarantees, durability, the writer lease, restore, the key layout, metrics,
+//! known limits) is in the public docs of [`crate::redis`].
 
 pub(crate) mod config;
 pub(crate) mod engine;

@@ -5,6 +5,16 @@
 //! * [`scripts`]: the Lua scripts every change to the queue runs, atomically per shard.
 //! * [`dedup`]: [`Dedup`], processed-id markers for idempotent handlers.
 //!
+//! The scripts are `.lua` files in `lua/`, each with its keys, arguments and reply in its
+//! header: ENQUEUE (ZADD + HSET, PUBLISH if due soon), CLAIM (the new place first: lease and
+//! owner under one fresh token, then ZREM; the batch kept for a retry with the same nonce),
+//! ACK, RETRY, DEAD, GIVE_BACK, RENEW (the leases whose owner still matches), REAP (expired
+//! leases back to the queue, or to the dead letters past `max_lease_expiries`), SWEEP (a
+//! reaper's scan for envelopes with no queue entry), REQUEUE, CANCEL, and Dedup's ABANDON.
+//!
+//! The contract (guarantees, leases, retries, the key layout, producers in other languages,
+//! metrics, known limits) is in the public docs of [`crate::redis`].
+//!
 //! Nothing here uses the persistence role.
 
 pub(crate) mod config;
