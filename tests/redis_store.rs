@@ -433,6 +433,18 @@ fn connecting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
     assert!(matches!(first_poll(dedup), Poll::Ready(Err(_))));
 }
 
+/// An error and its sources, as a reporter prints them.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}
+
 /// The async constructors called on a Tokio runtime without its time or I/O driver return an
 /// error that says which: the redis crate's connections panicked inside Tokio there.
 #[test]
@@ -449,16 +461,16 @@ fn connecting_on_a_runtime_without_time_or_io_is_an_error_not_a_panic() {
     for (rt, missing) in [(no_time, "time driver"), (no_io, "I/O driver")] {
         let cfg = delaywheel::redis::QueueConfig::new(url, "partial");
         let producer = rt.block_on(delaywheel::redis::Producer::connect(cfg));
-        let e = producer.expect_err("connected without a driver");
-        assert!(e.to_string().contains(missing), "{missing}: {e}");
+        let e = chain(&producer.expect_err("connected without a driver"));
+        assert!(e.contains(missing), "{missing}: {e}");
         let dedup = rt.block_on(delaywheel::redis::Dedup::connect(
             url,
             "partial",
             std::time::Duration::from_secs(1),
             std::time::Duration::from_secs(1),
         ));
-        let e = dedup.expect_err("connected without a driver");
-        assert!(e.to_string().contains(missing), "{missing}: {e}");
+        let e = chain(&dedup.expect_err("connected without a driver"));
+        assert!(e.contains(missing), "{missing}: {e}");
         let store = rt.block_on(RedisStore::connect(url, KeyLayout::new("partial").unwrap()));
         assert!(store.is_err(), "{missing}");
     }
