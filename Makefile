@@ -118,6 +118,7 @@ smoke:
 	$(CARGO) run --all-features --example persist_report -- --smoke --json
 	$(CARGO) run --all-features --example order_timeout -- --smoke --json
 	$(CARGO) run --all-features --example vs_polling -- --smoke --json
+	$(CARGO) run --all-features --example queue_load -- --smoke --json --producer single,batch
 	@# The minimal examples a user copies.
 	$(CARGO) run --all-features --example timeouts
 	$(CARGO) run --all-features --example durable_orders

@@ -47,6 +47,10 @@ pub(crate) const ENQUEUE_LUA: &str = include_str!("lua/enqueue.lua");
 /// [`ENQUEUE_LUA`], loaded.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(ENQUEUE_LUA));
 
+/// `lua/enqueue_many.lua`: its header gives its keys, arguments and reply.
+pub(crate) static ENQUEUE_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/enqueue_many.lua")));
+
 /// `lua/cancel.lua`: its header gives its keys, arguments and reply.
 pub(crate) static CANCEL: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/cancel.lua")));
@@ -88,8 +92,19 @@ pub(crate) static SWEEP: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/sweep.lua")));
 
 /// Every script, for loading them all ahead of their first calls.
-pub(crate) static ALL: [&LazyLock<Script>; 11] = [
-    &ENQUEUE, &CANCEL, &CLAIM, &RENEW, &ACK, &RETRY, &DEAD, &GIVE_BACK, &REAP, &REQUEUE, &SWEEP,
+pub(crate) static ALL: [&LazyLock<Script>; 12] = [
+    &ENQUEUE,
+    &ENQUEUE_MANY,
+    &CANCEL,
+    &CLAIM,
+    &RENEW,
+    &ACK,
+    &RETRY,
+    &DEAD,
+    &GIVE_BACK,
+    &REAP,
+    &REQUEUE,
+    &SWEEP,
 ];
 
 /// The tests' private `redis-server` (shared with the integration tests).

@@ -1,0 +1,53 @@
+-- KEYS: due, tasks, lease, owner, expired (one shard's). ARGV: replace (0/1), channel, notify
+-- before (ms; 0 = never), wake-up message suffix, then three per task: id, due, envelope.
+-- Returns one 1 or 0 per task, in order: each task is stored as `enqueue.lua` stores it (0: its
+-- id was pending and replace was not asked for). One wake-up is published for the whole call,
+-- `<earliest due><suffix>`, if a task stored is due before `notify before`. A task's id given
+-- twice in one call is stored once, then found pending (or replaced).
+
+local replace = ARGV[1] == '1'
+local notify_before = tonumber(ARGV[3])
+local out = {}
+local earliest, earliest_text = nil, nil
+-- Written with one call per key (in chunks) after the loop, not three calls per task; an id
+-- stored earlier in this call reads as pending, as it would task by task.
+local dues, envelopes, ids, stored_here = {}, {}, {}, {}
+for i = 5, #ARGV, 3 do
+  local id, due, envelope = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local pending
+  if stored_here[id] then
+    pending = true
+  else
+    local stored = redis.call('HEXISTS', KEYS[2], id) == 1
+    pending = stored and (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[3], id))
+  end
+  if pending and not replace then
+    out[#out + 1] = 0
+  else
+    if pending and not stored_here[id] then
+      redis.call('ZREM', KEYS[3], id)
+      redis.call('HDEL', KEYS[4], id)
+    end
+    stored_here[id] = true
+    dues[#dues + 1] = due
+    dues[#dues + 1] = id
+    envelopes[#envelopes + 1] = id
+    envelopes[#envelopes + 1] = envelope
+    ids[#ids + 1] = id
+    out[#out + 1] = 1
+    local d = tonumber(due)
+    if earliest == nil or d < earliest then
+      earliest, earliest_text = d, due
+    end
+  end
+end
+for i = 1, #ids, 500 do
+  local j = math.min(i + 499, #ids)
+  redis.call('ZADD', KEYS[1], unpack(dues, 2 * i - 1, 2 * j))
+  redis.call('HSET', KEYS[2], unpack(envelopes, 2 * i - 1, 2 * j))
+  redis.call('HDEL', KEYS[5], unpack(ids, i, j))
+end
+if earliest ~= nil and earliest < notify_before then
+  redis.pcall('PUBLISH', ARGV[2], earliest_text .. ARGV[4])
+end
+return out
