@@ -5,19 +5,37 @@
 -- and not dead-lettered: most likely that call ran and only its reply was lost. (Another
 -- consumer's takeover and ack in between, or a producer's cancel, would read the same;
 -- without such a call before, they read as 0.)
+--
+-- The owners are read with one HMGET and the removals are written with one call per key (in
+-- chunks), not four calls per task: the answers are those of checking and removing the tasks
+-- one by one, in order (an id given twice is removed once, and the second reads as gone).
 
-local out = {}
-for i = 1, #ARGV, 3 do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
-    redis.call('ZREM', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    redis.call('HDEL', KEYS[3], ARGV[i])
-    redis.call('HDEL', KEYS[4], ARGV[i])
-    out[#out + 1] = 1
-  elseif ARGV[i + 2] == '1' and redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 and redis.call('HEXISTS', KEYS[5], ARGV[i]) == 0 then
-    out[#out + 1] = 2
+local ids = {}
+for i = 1, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return {} end
+local owners = {}
+for i = 1, #ids, 500 do
+  local part = redis.call('HMGET', KEYS[2], unpack(ids, i, math.min(i + 499, #ids)))
+  for j = 1, #part do owners[#owners + 1] = part[j] end
+end
+local out, gone, removed = {}, {}, {}
+for k = 1, #ids do
+  local id, owner, again = ids[k], ARGV[3 * k - 1], ARGV[3 * k]
+  if not removed[id] and owners[k] == owner then
+    removed[id] = true
+    gone[#gone + 1] = id
+    out[k] = 1
+  elseif again == '1' and (removed[id] or (not owners[k] and redis.call('HEXISTS', KEYS[3], id) == 0)) and redis.call('HEXISTS', KEYS[5], id) == 0 then
+    out[k] = 2
   else
-    out[#out + 1] = 0
+    out[k] = 0
   end
+end
+for i = 1, #gone, 500 do
+  local j = math.min(i + 499, #gone)
+  redis.call('ZREM', KEYS[1], unpack(gone, i, j))
+  redis.call('HDEL', KEYS[2], unpack(gone, i, j))
+  redis.call('HDEL', KEYS[3], unpack(gone, i, j))
+  redis.call('HDEL', KEYS[4], unpack(gone, i, j))
 end
 return out

@@ -60,15 +60,27 @@ local lease = tonumber(ARGV[4])
 local out = {tostring(token)}
 local kept = {ARGV[5], tostring(token)}
 local last, leased = now, 0
+-- The envelopes are read with one HMGET, and the leases written with one call per key (in
+-- chunks) after the loop, not four calls per task: each leased task's keys are its own, so
+-- deferring its writes changes nothing the loop reads.
+local candidates = {}
+for i = 1, #ids, 2 do candidates[#candidates + 1] = ids[i] end
+local envelopes = {}
+for i = 1, #candidates, 500 do
+  local part = redis.call('HMGET', KEYS[2], unpack(candidates, i, math.min(i + 499, #candidates)))
+  for j = 1, #part do envelopes[#envelopes + 1] = part[j] end
+end
+local leases, owners, taken = {}, {}, {}
 for i = 1, #ids, 2 do
   if leased == limit then break end
   local id, due = ids[i], tonumber(ids[i + 1])
-  local envelope = redis.call('HGET', KEYS[2], id)
+  local envelope = envelopes[(i + 1) / 2]
   if envelope and envelope ~= '' then
-    redis.call('ZADD', KEYS[3], math.max(due, now) + lease, id)
-    redis.call('HSET', KEYS[4], id, owner)
-    redis.call('ZREM', KEYS[1], id)
-    if known > 0 then redis.call('HDEL', KEYS[9], id) end
+    leases[#leases + 1] = math.max(due, now) + lease
+    leases[#leases + 1] = id
+    owners[#owners + 1] = id
+    owners[#owners + 1] = owner
+    taken[#taken + 1] = id
     out[#out + 1] = id
     out[#out + 1] = ids[i + 1]
     out[#out + 1] = envelope
@@ -109,6 +121,13 @@ for i = 1, #ids, 2 do
       end
     end
   end
+end
+for i = 1, #taken, 500 do
+  local j = math.min(i + 499, #taken)
+  redis.call('ZADD', KEYS[3], unpack(leases, 2 * i - 1, 2 * j))
+  redis.call('HSET', KEYS[4], unpack(owners, 2 * i - 1, 2 * j))
+  redis.call('ZREM', KEYS[1], unpack(taken, i, j))
+  if known > 0 then redis.call('HDEL', KEYS[9], unpack(taken, i, j)) end
 end
 redis.call('DEL', KEYS[7])
 for i = 1, #kept, 1000 do
