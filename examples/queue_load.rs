@@ -21,6 +21,7 @@
 //! ```text
 //! cargo run --release --features redis --example queue_load -- --svg queue_load.svg
 //! cargo run --release --features redis --example queue_load -- --rates 30000,40000,50000
+//! cargo run --release --features redis --example queue_load -- --backlog 100000  # memory
 //! cargo run --features redis --example queue_load -- --smoke --json       # make test
 //! ```
 
@@ -66,6 +67,10 @@ struct Args {
     /// Write the picture (SVG) here.
     #[arg(long)]
     svg: Option<String>,
+    /// Instead of the rates: hold this many tasks in one consumer (due in a minute, claimed
+    /// ahead) and report Redis memory per task and the consumer's memory per held task.
+    #[arg(long)]
+    backlog: Option<usize>,
     /// Use this Redis instead of starting a private one.
     #[arg(long)]
     redis: Option<String>,
@@ -429,8 +434,86 @@ fn draw(path: &str, steps: &[Step]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+fn redis_used_memory(url: &str) -> u64 {
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("redis");
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query(&mut conn)
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A deep backlog: `n` tasks queued (Redis memory per task), then claimed and held by one
+/// consumer (its resident memory per held task).
+fn backlog(url: &str, n: usize, json: bool) {
+    let ns = "load_backlog";
+    redis_server::RedisServer::clear_namespace(url, ns);
+    let mut cfg = QueueConfig::new(url, ns);
+    cfg.lookahead = Duration::from_secs(120);
+    cfg.max_held = n;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let producer = rt
+        .block_on(Producer::connect(cfg.clone()))
+        .expect("producer");
+    let due = now_us() / 1_000 + 60_000;
+    let before = redis_used_memory(url);
+    let envelopes = (0..n).map(|k| Envelope {
+        id: format!("t{k}"),
+        topic: "job".into(),
+        payload: serde_json::json!({ "order_id": k }),
+        attempt: 0,
+        created_at: due - 60_000,
+        due_at: due,
+    });
+    for r in rt.block_on(producer.enqueue_many(envelopes, false)) {
+        r.expect("enqueue");
+    }
+    let queued = redis_used_memory(url);
+    let rss_before = procfs::rss_bytes();
+    let c = Consumer::start(cfg, Handlers::new().on("job", |_| Ok(()))).expect("consumer");
+    let deadline = Instant::now() + Duration::from_secs(50);
+    while c.held() < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = c.held();
+    let (leased, rss_after) = (redis_used_memory(url), procfs::rss_bytes());
+    let redis_queued = queued.saturating_sub(before) as f64 / n as f64;
+    let redis_leased = leased.saturating_sub(before) as f64 / n as f64;
+    let consumer = rss_after.saturating_sub(rss_before) as f64 / held.max(1) as f64;
+    println!("backlog of {n} tasks (payload {{\"order_id\": k}}), {held} held by one consumer:");
+    println!("  Redis memory per queued task  {redis_queued:>8.0} B");
+    println!("  Redis memory per leased task  {redis_leased:>8.0} B");
+    println!("  consumer memory per held task {consumer:>8.0} B (resident set growth)");
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "tasks": n,
+                "held": held,
+                "redis_bytes_per_queued_task": redis_queued,
+                "redis_bytes_per_leased_task": redis_leased,
+                "consumer_bytes_per_held_task": consumer,
+            })
+        );
+    }
+    c.abort();
+    if held < n {
+        std::process::exit(1);
+    }
+}
+
 fn main() {
     let mut args = Args::parse();
+    if let Some(n) = args.backlog {
+        let n = if args.smoke { n.min(2_000) } else { n };
+        let (_server, url) = redis_server::RedisServer::given_or_private(args.redis.clone());
+        backlog(&url, n, args.json);
+        return;
+    }
     if args.smoke {
         (args.rates, args.duration, args.max_delay, args.consumers) =
             (vec![2_000, 4_000], 1.0, 0.5, 2);
