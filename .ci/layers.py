@@ -51,7 +51,7 @@ crate::engine  !-> crate::redis
 # neither role.
 crate::redis::persist !-> crate::redis::queue
 crate::redis::queue   !-> crate::redis::persist
-crate::redis::{link,layout,envelope,wall_clock,blocking,store_error,when} !-> crate::redis::persist crate::redis::queue
+crate::redis::{link,layout,envelope,wall_clock,blocking,store_error,when,payload} !-> crate::redis::persist crate::redis::queue
 
 """
 

@@ -1,6 +1,8 @@
 //! The queue role: a delay queue shared by many instances.
 //!
-//! * [`config`]: [`QueueConfig`], shards, errors and the [`Producer`].
+//! * [`config`]: [`QueueConfig`], shards and errors; [`conn`]: the counted connection both
+//!   sides share; [`dead_letters`]: the dead-letter records.
+//! * [`producer`]: the [`Producer`].
 //! * [`consumer`]: the [`Consumer`], one file per background loop.
 //! * [`scripts`]: the Lua scripts every change to the queue runs, atomically per shard.
 //! * [`dedup`]: [`Dedup`], processed-id markers for idempotent handlers.
@@ -18,12 +20,16 @@
 //! Nothing here uses the persistence role.
 
 pub(crate) mod config;
+pub(crate) mod conn;
 pub(crate) mod consumer;
+pub(crate) mod dead_letters;
 pub(crate) mod dedup;
+pub(crate) mod producer;
 pub(crate) mod scripts;
 
-pub use config::{
-    shard_of, Backoff, DeadTask, Producer, QueueConfig, QueueDepth, QueueError, RetryPolicy,
-};
+pub use config::{shard_of, Backoff, QueueConfig, QueueError, RetryPolicy};
+pub use conn::QueueDepth;
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
+pub use dead_letters::DeadTask;
 pub use dedup::{Begin, Claim, Dedup, DedupError};
+pub use producer::Producer;

@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::redis::envelope::Envelope;
-use crate::redis::queue::config::{dead_record, QueueError};
+use crate::redis::queue::config::QueueError;
+use crate::redis::queue::dead_letters::dead_record;
 use crate::redis::queue::scripts;
 use crate::redis::wall_clock::now_ms;
 use crate::Timer;

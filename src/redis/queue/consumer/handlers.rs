@@ -12,7 +12,7 @@ use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
 use crate::redis::envelope::MAX_DUE_MS;
-use crate::redis::queue::config::dead_record;
+use crate::redis::queue::dead_letters::dead_record;
 use crate::redis::wall_clock::micros_since;
 
 use super::registry::Handler;

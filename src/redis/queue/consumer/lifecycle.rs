@@ -12,7 +12,8 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
 use crate::redis::blocking::{wait_on, OwnedRuntime};
-use crate::redis::queue::config::{Conn, QueueConfig, QueueError};
+use crate::redis::queue::config::{QueueConfig, QueueError};
+use crate::redis::queue::conn::Conn;
 use crate::redis::store_error::StoreError;
 use crate::Timer;
 

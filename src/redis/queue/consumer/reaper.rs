@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::redis::queue::config::sample_depth;
+use crate::redis::queue::conn::sample_depth;
 use crate::redis::queue::scripts;
 
 use super::shared::*;

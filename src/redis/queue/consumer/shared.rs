@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 
 use crate::redis::envelope::Envelope;
 use crate::redis::layout::KeyLayout;
-use crate::redis::queue::config::{Conn, QueueConfig};
+use crate::redis::queue::config::QueueConfig;
+use crate::redis::queue::conn::Conn;
 
 use super::registry::Handlers;
 use crate::redis::wall_clock::since_epoch;
