@@ -194,7 +194,11 @@ impl Handlers {
 
     /// Runs the `async` handlers on the application's runtime, `handle` (feature `tokio`),
     /// rather than on one the consumer starts. A runtime that has shut down fails the
-    /// handlers' attempts (retried, then dead-lettered), as an `Err` would.
+    /// handlers' attempts (retried, then dead-lettered), as an `Err` would. On a
+    /// current-thread runtime the futures run only while its thread drives it: stop the
+    /// consumer there with [`Consumer::shutdown_async`](crate::redis::Consumer::shutdown_async),
+    /// not the blocking `shutdown`, which would hold that thread while it waits for them
+    /// (they would then be dropped at its timeout and their tasks handed back).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
