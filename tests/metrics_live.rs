@@ -167,3 +167,19 @@ fn counters_count_as_events_happen_and_the_driver_publishes_the_gauges() {
     timer.shutdown();
     quiet.shutdown();
 }
+
+/// An interval past what an `Instant` holds (a way to say "never") publishes nothing and
+/// leaves the driver firing timers; one under a millisecond does not make it spin.
+#[test]
+fn extreme_metrics_intervals_leave_the_driver_working() {
+    for every in [Duration::MAX, Duration::from_nanos(1)] {
+        let (timer, expired) = Timer::builder()
+            .metrics_interval(Some(every))
+            .build_channel(None)
+            .unwrap();
+        timer.schedule(1u32, Duration::from_millis(5)).unwrap();
+        let fired = expired.recv_timeout(Duration::from_secs(10));
+        assert_eq!(fired.map(|e| e.value), Ok(1), "{every:?}");
+        timer.shutdown();
+    }
+}

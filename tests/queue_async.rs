@@ -491,3 +491,29 @@ fn a_handler_runtime_that_shuts_down_fails_the_attempts_and_loses_nothing() {
     assert_eq!((depth.queued, depth.leased), (0, 0));
     c.shutdown(Duration::from_secs(5)).unwrap();
 }
+
+/// A closure that builds a tokio future before returning it (`tokio::time::sleep` at the
+/// call) runs inside the handler runtime's context: its task is acked, not failed with "no
+/// reactor running".
+#[test]
+fn an_async_handler_that_builds_its_tokio_future_eagerly_runs() {
+    let Fixture {
+        server: _s,
+        rt,
+        cfg,
+        p,
+    } = fixture("async-eager", |_| {});
+    let handlers = Handlers::new().on_async("job", |_t: Envelope| {
+        let pause = tokio::time::sleep(Duration::from_millis(5));
+        async move {
+            pause.await;
+            Ok(())
+        }
+    });
+    let c = Consumer::start(cfg, handlers).unwrap();
+    enqueue_all(&rt, &p, "job", vec![("eager".into(), now_ms())]);
+    wait_until("the ack", || c.stats().acked == 1);
+    let s = c.stats();
+    assert_eq!((s.retried, s.dead_lettered), (0, 0), "{s:?}");
+    c.shutdown(Duration::from_secs(5)).unwrap();
+}

@@ -314,7 +314,11 @@ impl<T> Core<T> {
 /// the gauges every `metrics_interval` on the way.
 pub(super) fn drive<T>(core: Arc<Core<T>>) {
     tracing::debug!(shards = core.shards.len(), "delaywheel driver started");
-    let mut next_publish = core.metrics.every.map(|every| Instant::now() + every);
+    // `checked_add`: an interval past what an `Instant` holds ("never") publishes nothing.
+    let mut next_publish = core
+        .metrics
+        .every
+        .and_then(|every| Instant::now().checked_add(every));
     while !core.stopping.load(SeqCst) {
         core.wake.scanning();
         let (_, next) = core.turn();
@@ -327,8 +331,8 @@ pub(super) fn drive<T>(core: Arc<Core<T>>) {
                 let now = Instant::now();
                 if now >= at {
                     core.metrics.publish(&core.stats());
-                    next_publish = Some(now + every);
-                    Some(every)
+                    next_publish = now.checked_add(every);
+                    next_publish.map(|_| every)
                 } else {
                     Some(at - now)
                 }

@@ -59,7 +59,11 @@ impl EngineMetrics {
                 gauge("delaywheel_lateness_p99_seconds"),
                 gauge("delaywheel_lateness_max_seconds"),
             ],
-            every: every.filter(|d| !d.is_zero()),
+            // At least 1 ms: a shorter interval would have the driver lock every shard in a
+            // tight loop.
+            every: every
+                .filter(|d| !d.is_zero())
+                .map(|d| d.max(Duration::from_millis(1))),
         }
     }
 

@@ -457,7 +457,7 @@ impl<T: Send + 'static> TimerBuilder<T> {
     /// How often the driver publishes the engine's gauges through the `metrics` facade on its
     /// own (default every second): pending timers in all (`delaywheel_pending`), per shard and
     /// per level, and the lateness percentiles. `None` or zero: only [`Timer::stats`] publishes
-    /// them. The counters (`delaywheel_scheduled_total`, `_cancelled_total`, `_reset_total`,
+    /// them; under 1 ms counts as 1 ms, and one past what an `Instant` holds as `None`. The counters (`delaywheel_scheduled_total`, `_cancelled_total`, `_reset_total`,
     /// `_fired_total`, `_undelivered_total`) count as events happen, either way. The series are
     /// registered when the engine is built: install the recorder before. Without a driver
     /// ([`manual_driver`](Self::manual_driver)) nothing publishes on its own.

@@ -67,9 +67,11 @@ impl<S: TaskStore> Persistent<S> {
     /// Turns `fired`, the receiver this engine's [`start`](Persistent::start) (or
     /// [`with_store`](Persistent::with_store)) returned, into an async [`FiredStream`]
     /// (feature `futures`). Tasks are read from it as from the receiver, with the same
-    /// backpressure; the engine wakes the stream's task when it sends one. The stream is woken
-    /// only by this engine: given another engine's receiver, it reads that engine's tasks
-    /// only when this one fires or shuts down.
+    /// backpressure; the engine wakes the stream's task when it sends one. One stream per
+    /// engine: the engine keeps one waker, so of two streams (on clones of the receiver) only
+    /// the one polled last is woken. The stream is woken only by this engine: given another
+    /// engine's receiver, it reads that engine's tasks only when this one fires or shuts
+    /// down.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

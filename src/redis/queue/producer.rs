@@ -205,36 +205,39 @@ impl Producer {
                 Err(e) => results.push(Some(Err(QueueError::Envelope(e, Box::new(envelope))))),
             }
         }
-        let calls = by_shard.into_iter().flat_map(|(shard, tasks)| {
-            let mut chunks = Vec::new();
+        // The shards at once, each shard's chunks one after another: an id given twice lands
+        // in one shard, and its copies must reach Redis in the order given.
+        let calls = by_shard.into_iter().map(|(shard, tasks)| async move {
+            let mut replies = Vec::new();
             let mut tasks = tasks.into_iter().peekable();
             while tasks.peek().is_some() {
                 let chunk: Vec<_> = tasks.by_ref().take(Self::ENQUEUE_BATCH).collect();
-                chunks.push((shard, chunk));
+                let keys = &self.shards[shard as usize];
+                let mut inv = scripts::ENQUEUE_MANY.prepare_invoke();
+                inv.key(keys.due())
+                    .key(keys.tasks())
+                    .key(keys.lease())
+                    .key(keys.owner())
+                    .key(keys.expired())
+                    .arg(u8::from(replace))
+                    .arg(self.cfg.channel())
+                    .arg(self.cfg.notify_before())
+                    .arg(self.cfg.wake_suffix(shard));
+                for (_, bytes, envelope) in &chunk {
+                    inv.arg(envelope.id.as_str())
+                        .arg(envelope.due_at)
+                        .arg(bytes.as_slice());
+                }
+                let reply = self.conn.run::<Vec<i64>>(&inv).await;
+                replies.push((chunk, reply));
             }
-            chunks
+            replies
         });
-        let calls = calls.map(|(shard, chunk)| async move {
-            let keys = &self.shards[shard as usize];
-            let mut inv = scripts::ENQUEUE_MANY.prepare_invoke();
-            inv.key(keys.due())
-                .key(keys.tasks())
-                .key(keys.lease())
-                .key(keys.owner())
-                .key(keys.expired())
-                .arg(u8::from(replace))
-                .arg(self.cfg.channel())
-                .arg(self.cfg.notify_before())
-                .arg(self.cfg.wake_suffix(shard));
-            for (_, bytes, envelope) in &chunk {
-                inv.arg(envelope.id.as_str())
-                    .arg(envelope.due_at)
-                    .arg(bytes.as_slice());
-            }
-            let reply = self.conn.run::<Vec<i64>>(&inv).await;
-            (chunk, reply)
-        });
-        for (chunk, reply) in futures_util::future::join_all(calls).await {
+        for (chunk, reply) in futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+        {
             match reply {
                 Ok(stored) if stored.len() == chunk.len() => {
                     for ((at, _, _), n) in chunk.into_iter().zip(stored) {

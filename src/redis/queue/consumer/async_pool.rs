@@ -78,8 +78,13 @@ impl<K: Send + 'static> AsyncPool<K> {
         }));
         match spawned {
             Ok(join) => {
-                if let Some(entry) = self.running.lock().get_mut(&n) {
-                    entry.1 = Some(join.abort_handle());
+                let mut running = self.running.lock();
+                match running.get_mut(&n) {
+                    Some(entry) => entry.1 = Some(join.abort_handle()),
+                    // Drained by `abort_running` (shutdown gave up, or an abort) while it was
+                    // being spawned, its task handed back: it must not run on. (A no-op if it
+                    // has ended already.)
+                    None => join.abort(),
                 }
                 true
             }
@@ -116,8 +121,7 @@ impl<K: Send + 'static> AsyncPool<K> {
         running
             .into_iter()
             .map(|(task, abort)| {
-                // One still being spawned is not stopped: its outcome, if any, is refused
-                // once its task is handed back (the lease has another owner then).
+                // One still being spawned is aborted by `spawn` once it finds its entry gone.
                 if let Some(abort) = abort {
                     abort.abort();
                 }

@@ -82,6 +82,11 @@ fn panicked(payload: Box<dyn std::any::Any + Send>) -> Result<(), String> {
 fn start(shared: &Shared, c: &Claimed) -> bool {
     {
         let mut held = shared.held.lock();
+        // Again under the lock: `abort`, or a shutdown that gave up waiting, may have come
+        // while this thread waited for a slot; then nothing starts.
+        if shared.aborted.load(SeqCst) {
+            return false;
+        }
         let key = (c.shard, c.envelope.id.clone());
         match held.get(&key) {
             // Only the claim this timer belongs to: the id may have been claimed again since.
@@ -176,8 +181,13 @@ fn run_async(
         c.owner.clone(),
         c.envelope.due_at,
     );
-    // The call that makes the future may panic too.
-    let made = std::panic::catch_unwind(AssertUnwindSafe(|| handler(c.envelope.clone())));
+    // The call that makes the future may panic too. It runs inside the handler runtime's
+    // context, so that a closure that builds a tokio future eagerly (`tokio::time::timeout`
+    // at the call) finds its runtime.
+    let made = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let _context = pool.handle.enter();
+        handler(c.envelope.clone())
+    }));
     let mut unsettled = Unsettled {
         shared: shared.clone(),
         claimed: Some(c),
@@ -236,14 +246,12 @@ impl Drop for Unsettled {
         let why = "the handler's future was dropped before it ended (its runtime shut down)";
         let outcome = settle(&self.shared, c, Err(why.into()));
         if let Err(e) = self.shared.outcomes.try_send(outcome) {
-            // No room: renewal stops, and the task comes back once its lease expires.
+            // No room: renewal stops, and the task comes back once its lease expires (only
+            // this claim's entry: the id may have been claimed again since).
             let o = match e {
                 mpsc::error::TrySendError::Full(o) | mpsc::error::TrySendError::Closed(o) => o,
             };
-            self.shared
-                .working
-                .lock()
-                .remove(&(o.shard(), o.id().to_owned()));
+            super::outcomes::settled(&self.shared, o.shard(), o.id(), o.owner());
         }
     }
 }
