@@ -6,11 +6,12 @@
 //! [`Persistent::schedule`]: crate::redis::Persistent::schedule
 //! [`Producer::enqueue`]: crate::redis::Producer::enqueue
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::redis::envelope::Envelope;
+use crate::redis::envelope::{Envelope, EnvelopeError};
 
 /// A task's payload as given to [`Persistent::schedule`](crate::redis::Persistent::schedule)
 /// or [`Producer::enqueue`](crate::redis::Producer::enqueue): a reference to any
@@ -71,6 +72,34 @@ impl fmt::Display for PayloadError {
 }
 
 impl std::error::Error for PayloadError {}
+
+/// A new task's envelope (attempt 0) with `payload` turned into JSON, for `schedule` and
+/// `enqueue` alike. A payload serde cannot write is [`EnvelopeError::Encode`], with the
+/// envelope (its payload `null`) to hand back.
+pub(crate) fn new_task(
+    id: String,
+    topic: Cow<'static, str>,
+    payload: impl IntoPayload,
+    created_at: u64,
+    due_at: u64,
+) -> Result<Envelope, (EnvelopeError, Box<Envelope>)> {
+    let (payload, encode_error) = match payload.into_payload() {
+        Ok(v) => (v, None),
+        Err(e) => (serde_json::Value::Null, Some(e)),
+    };
+    let envelope = Envelope {
+        id,
+        topic,
+        payload,
+        attempt: 0,
+        created_at,
+        due_at,
+    };
+    match encode_error {
+        None => Ok(envelope),
+        Some(e) => Err((EnvelopeError::Encode(e.to_string()), Box::new(envelope))),
+    }
+}
 
 impl Envelope {
     /// The payload decoded as `T`. A payload that does not decode is a [`PayloadError`]

@@ -33,7 +33,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use crate::redis::blocking::{wait_on, OwnedRuntime};
 use crate::redis::envelope::Envelope;
 use crate::redis::layout::KeyLayout;
-use crate::redis::payload::IntoPayload;
+use crate::redis::payload::{new_task, IntoPayload};
 use crate::redis::persist::flusher::flush_loop;
 use crate::redis::persist::journal::{Change, Journal};
 use crate::redis::persist::redis_store::RedisStore;
@@ -292,23 +292,11 @@ impl<S: TaskStore> Persistent<S> {
         payload: impl IntoPayload,
         due_at: u64,
     ) -> Result<(), PersistError> {
-        let (payload, encode_error) = match payload.into_payload() {
-            Ok(v) => (v, None),
-            Err(e) => (serde_json::Value::Null, Some(e)),
-        };
-        let envelope = Envelope {
-            id: id.into(),
-            topic: topic.into(),
-            payload,
-            attempt: 0,
-            created_at: self.inner.cfg.clock.stamp_ms(),
-            due_at,
-        };
-        if let Some(e) = encode_error {
-            let e = crate::redis::EnvelopeError::Encode(e.to_string());
-            return Err(PersistError::Envelope(e, Box::new(envelope)));
+        let created_at = self.inner.cfg.clock.stamp_ms();
+        match new_task(id.into(), topic.into(), payload, created_at, due_at) {
+            Ok(envelope) => self.schedule_envelope(envelope),
+            Err((e, envelope)) => Err(PersistError::Envelope(e, envelope)),
         }
-        self.schedule_envelope(envelope)
     }
 
     /// Schedules (or replaces) a complete envelope. Errors as for [`schedule`](Self::schedule).

@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use crate::redis::envelope::{Envelope, EnvelopeError};
+use crate::redis::envelope::Envelope;
 use crate::redis::layout::KeyLayout;
-use crate::redis::payload::IntoPayload;
+use crate::redis::payload::{new_task, IntoPayload};
 use crate::redis::queue::config::{shard_of, QueueConfig, QueueError};
 use crate::redis::queue::conn::{sample_depth, Conn, QueueDepth};
 use crate::redis::queue::dead_letters::{parse_dead, DeadTask};
@@ -64,7 +64,7 @@ impl Producer {
     /// (or claimed), nothing changes and `Ok(false)` is returned. An envelope stored under
     /// `id` with no queue entry (another client's, half written or left behind) does not
     /// count: it is written over. Errors hand the envelope back (a payload that does not
-    /// serialize: [`EnvelopeError::Encode`], the envelope's payload `null`).
+    /// serialize: [`EnvelopeError::Encode`](crate::redis::EnvelopeError::Encode), the envelope's payload `null`).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -92,23 +92,11 @@ impl Producer {
         payload: impl IntoPayload,
         when: impl Into<When>,
     ) -> Result<bool, QueueError> {
-        let (payload, encode_error) = match payload.into_payload() {
-            Ok(v) => (v, None),
-            Err(e) => (serde_json::Value::Null, Some(e)),
-        };
-        let envelope = Envelope {
-            id: id.into(),
-            topic: topic.into(),
-            payload,
-            attempt: 0,
-            created_at: now_ms(),
-            due_at: when.into().due_ms(&WallClock::system()),
-        };
-        if let Some(e) = encode_error {
-            let e = EnvelopeError::Encode(e.to_string());
-            return Err(QueueError::Envelope(e, Box::new(envelope)));
+        let due_at = when.into().due_ms(&WallClock::system());
+        match new_task(id.into(), topic.into(), payload, now_ms(), due_at) {
+            Ok(envelope) => self.enqueue_envelope(envelope, false).await,
+            Err((e, envelope)) => Err(QueueError::Envelope(e, envelope)),
         }
-        self.enqueue_envelope(envelope, false).await
     }
 
     /// Enqueues a complete envelope. With `replace`, a pending task of the same id is replaced
