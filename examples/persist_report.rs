@@ -63,22 +63,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The numeric fields `names` of Redis's `INFO section`, summed.
-fn info_sum(url: &str, section: &str, names: &[&str]) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg(section)
-        .query(&mut redis_conn(url))
-        .expect("INFO");
-    info.lines()
-        .filter_map(|l| l.split_once(':'))
-        .filter(|(name, _)| names.contains(name))
-        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
-        .sum()
-}
-
 /// CPU seconds the Redis server has used (user + system, all its threads).
 fn redis_cpu_s(url: &str) -> f64 {
-    info_sum(url, "cpu", &["used_cpu_user", "used_cpu_sys"])
+    redis_server::info_sum(url, "cpu", &["used_cpu_user", "used_cpu_sys"])
 }
 
 /// Entries per restore page. Alternating 1M restores on a slow VM: pages of 1 000 took 5.31–6.10 s
@@ -93,7 +80,7 @@ fn redis_conn(url: &str) -> redis::Connection {
 }
 
 fn used_memory(url: &str) -> f64 {
-    info_sum(url, "memory", &["used_memory"])
+    redis_server::info_sum(url, "memory", &["used_memory"])
 }
 
 /// An engine on namespace `ns` whose flusher waits until asked (`flush`), with room in its

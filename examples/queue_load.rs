@@ -134,18 +134,9 @@ impl Tasks {
     }
 }
 
+/// CPU seconds the Redis server has used (user + system).
 fn redis_info_cpu(url: &str) -> f64 {
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("redis");
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query(&mut conn)
-        .expect("INFO");
-    info.lines()
-        .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
-        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
-        .sum()
+    redis_server::info_sum(url, "cpu", &["used_cpu_sys", "used_cpu_user"])
 }
 
 fn load_avg() -> f64 {
@@ -435,16 +426,7 @@ fn draw(path: &str, steps: &[Step]) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn redis_used_memory(url: &str) -> u64 {
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("redis");
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query(&mut conn)
-        .expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok())
-        .unwrap_or(0)
+    redis_server::info_sum(url, "memory", &["used_memory"]) as u64
 }
 
 /// A deep backlog: `n` tasks queued (Redis memory per task), then claimed and held by one

@@ -85,17 +85,7 @@ struct Report {
 }
 
 fn redis_cpu(url: &str) -> f64 {
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("redis");
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query(&mut conn)
-        .expect("INFO");
-    info.lines()
-        .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
-        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
-        .sum()
+    redis_server::info_sum(url, "cpu", &["used_cpu_sys", "used_cpu_user"])
 }
 
 /// The workload: (id, enqueue offset ms, delay ms), sorted by enqueue time.

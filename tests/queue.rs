@@ -2475,24 +2475,7 @@ fn a_shutdown_that_times_out_hands_back_tasks_waiting_for_a_handler() {
     );
     let given = c.shutdown(Duration::from_millis(300)).unwrap();
     assert_eq!(given, 2);
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    for id in ["q1", "q2"] {
-        let queued: Option<f64> = redis::cmd("ZSCORE")
-            .arg("{queued}:due")
-            .arg(id)
-            .query(&mut conn)
-            .unwrap();
-        let leased: Option<f64> = redis::cmd("ZSCORE")
-            .arg("{queued}:lease")
-            .arg(id)
-            .query(&mut conn)
-            .unwrap();
-        assert!(
-            queued.is_some() && leased.is_none(),
-            "{id}: queued {queued:?}, leased {leased:?}"
-        );
-    }
+    assert_handed_back(&server, "queued", &["q1", "q2"]);
 }
 
 /// A queue handler (on a plain pool thread) uses `Dedup` through a runtime the application

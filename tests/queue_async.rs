@@ -416,26 +416,7 @@ fn shutdown_waits_for_running_futures_then_hands_back_the_rest() {
     );
     assert_eq!(given, 3);
     assert_eq!(finished.load(SeqCst), 1);
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    for id in ["slow", "q1", "q2"] {
-        let queued: Option<f64> = redis::cmd("ZSCORE")
-            .arg("{async-stop}:due")
-            .arg(id)
-            .query(&mut conn)
-            .unwrap();
-        let leased: Option<f64> = redis::cmd("ZSCORE")
-            .arg("{async-stop}:lease")
-            .arg(id)
-            .query(&mut conn)
-            .unwrap();
-        assert!(
-            queued.is_some() && leased.is_none(),
-            "{id}: queued {queued:?}, leased {leased:?}"
-        );
-    }
+    assert_handed_back(&server, "async-stop", &["slow", "q1", "q2"]);
 }
 
 /// The application's runtime shuts down under a running future, and stays down: the dropped

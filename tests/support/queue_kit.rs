@@ -107,6 +107,19 @@ pub fn enqueue_all(
     });
 }
 
+/// Each of `ids` is back in the queue of namespace `ns` (one shard), leased by no one:
+/// handed back.
+pub fn assert_handed_back(server: &RedisServer, ns: &str, ids: &[&str]) {
+    for id in ids {
+        let queued = server.run(&["ZSCORE", &format!("{{{ns}}}:due"), id]);
+        let leased = server.run(&["ZSCORE", &format!("{{{ns}}}:lease"), id]);
+        assert!(
+            queued != redis::Value::Nil && leased == redis::Value::Nil,
+            "{id}: queued {queued:?}, leased {leased:?}"
+        );
+    }
+}
+
 /// Enqueues `n` tasks `{prefix}0`, `{prefix}1`, ... of topic `job`, due at `due` (ms), and
 /// waits until consumer `c` has claimed them all.
 pub fn claimed_by(

@@ -210,6 +210,24 @@ impl Drop for RedisServer {
 /// would pass the 107 bytes a Unix socket path may have, then in `/tmp`.
 /// Fails with install instructions when `redis-server` is missing or older than 7.0 (the
 /// tests use `SET NX GET` and `CLIENT PAUSE ... ALL`, which fail with unclear errors on 6).
+/// The numeric fields `names` of `INFO section` of the Redis at `url`, summed (the reports'
+/// Redis CPU and memory figures).
+#[allow(dead_code)]
+pub fn info_sum(url: &str, section: &str, names: &[&str]) -> f64 {
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query(&mut conn)
+        .expect("INFO");
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| names.contains(name))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
 fn check_version() {
     static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     CHECKED.get_or_init(|| {
