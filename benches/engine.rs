@@ -113,8 +113,11 @@ fn bench_sleep_reset(c: &mut Criterion) {
     let sleeper = Sleeper::new().unwrap();
     let now = Instant::now();
     let (a, b) = (now + FAR, now + FAR + Duration::from_secs(1));
+    let mut cx = Context::from_waker(Waker::noop());
     group.bench_function("delaywheel_reset", |bench| {
         let mut sleep = sleeper.sleep_until(a);
+        // Registered in the wheel at its first poll, as tokio's is.
+        assert!(std::pin::Pin::new(&mut sleep).poll(&mut cx).is_pending());
         let mut flip = false;
         bench.iter(|| {
             flip = !flip;
@@ -127,6 +130,7 @@ fn bench_sleep_reset(c: &mut Criterion) {
         bench.iter(|| {
             flip = !flip;
             sleep = sleeper.sleep_until(black_box(if flip { b } else { a }));
+            assert!(std::pin::Pin::new(&mut sleep).poll(&mut cx).is_pending());
         })
     });
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -134,7 +138,6 @@ fn bench_sleep_reset(c: &mut Criterion) {
         .build()
         .unwrap();
     let _guard = rt.enter();
-    let mut cx = Context::from_waker(Waker::noop());
     let (ta, tb) = (
         tokio::time::Instant::from_std(a),
         tokio::time::Instant::from_std(b),

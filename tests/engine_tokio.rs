@@ -1,6 +1,7 @@
 //! The `tokio` feature: the expiration stream, `sleep` and `timeout`, with cancel-on-drop.
 #![cfg(feature = "futures")]
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use delaywheel::sleep::{EngineShutdown, Sleeper, TimeoutError};
@@ -80,9 +81,15 @@ async fn timeout_returns_the_output_or_elapsed() {
 #[tokio::test]
 async fn dropping_a_sleep_cancels_its_timer() {
     let sleeper = Sleeper::new().unwrap();
-    let sleeps: Vec<_> = (0..100)
+    let mut sleeps: Vec<_> = (0..100)
         .map(|_| sleeper.sleep(Duration::from_secs(3600)))
         .collect();
+    // Registered at the first poll, not at creation.
+    assert_eq!(sleeper.timer().len(), 0);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for sleep in &mut sleeps {
+        assert!(std::pin::Pin::new(sleep).poll(&mut cx).is_pending());
+    }
     assert_eq!(sleeper.timer().len(), 100);
     drop(sleeps);
     assert_eq!(sleeper.timer().len(), 0);

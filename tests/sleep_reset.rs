@@ -117,7 +117,10 @@ fn a_reset_of_a_pending_sleep_moves_its_timer_and_inserts_none() {
     let (sleeper, clock) = manual();
     let start = clock.now();
     let mut sleep = sleeper.sleep(100 * MS);
+    // Registered at its first poll.
+    assert!(poll(&mut sleep, Waker::noop()).is_pending());
     let before = sleeper.timer().stats();
+    assert_eq!(before.scheduled, 1);
     for i in 1..=10u32 {
         sleep.reset(start + 100 * MS + i * MS);
     }

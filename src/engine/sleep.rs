@@ -1,8 +1,9 @@
 //! `sleep` and `timeout` futures backed by the engine instead of the runtime's global timer
 //! (feature `futures`; they work on any executor).
 //!
-//! Each future schedules one timer when it is created and cancels it when dropped. The driver
-//! thread wakes the task directly when the timer fires.
+//! Each future puts one timer in the wheel at its first poll that waits (lazy registration: a
+//! timeout around a future that is ready at once costs no timer and no clock read) and cancels
+//! it when dropped. The driver thread wakes the task directly when the timer fires.
 //!
 //! # Guarantees
 //!
@@ -147,7 +148,8 @@ impl fmt::Display for TimeoutError {
 impl std::error::Error for TimeoutError {}
 
 /// An engine for futures: `sleep` and `timeout` on the wheel, so that a gateway can move its
-/// request timeouts off the runtime's global timer. Cheap to clone.
+/// request timeouts off the runtime's global timer. Cheap to clone: two reference counts, or
+/// none after [`leak`](Self::leak).
 ///
 /// A pending [`Sleep`] holds a handle to its engine, so the engine (and its driver thread)
 /// lives while any sleep does, also after every `Sleeper` is dropped. On an executor that
@@ -170,7 +172,27 @@ impl std::error::Error for TimeoutError {}
 /// ```
 #[derive(Clone, Debug)]
 pub struct Sleeper {
-    timer: Timer<Wakeup>,
+    engine: Engine,
+}
+
+/// The engine a sleeper, sleep or timeout uses: its own handle (two reference counts), or a
+/// reference to one that lives for the rest of the process ([`Sleeper::leak`]), which costs
+/// nothing to copy and touches no shared cache line.
+#[derive(Clone, Debug)]
+enum Engine {
+    Owned(Timer<Wakeup>),
+    Static(&'static Timer<Wakeup>),
+}
+
+impl std::ops::Deref for Engine {
+    type Target = Timer<Wakeup>;
+
+    fn deref(&self) -> &Timer<Wakeup> {
+        match self {
+            Engine::Owned(timer) => timer,
+            Engine::Static(timer) => timer,
+        }
+    }
 }
 
 impl Sleeper {
@@ -183,30 +205,58 @@ impl Sleeper {
     /// wakes the tasks itself, so there is no delivery to choose.
     pub fn with_builder(builder: TimerBuilder<Wakeup>) -> Result<Sleeper, BuildError> {
         let timer = builder.build_with(Sink::Inline(Arc::new(|e| Wakeup::fire(e.value))))?;
-        Ok(Sleeper { timer })
+        Ok(Sleeper {
+            engine: Engine::Owned(timer),
+        })
+    }
+
+    /// The same engine, kept for the rest of the process: this sleeper's clones, sleeps and
+    /// timeouts then hold a plain reference to it instead of a handle with two reference
+    /// counts. That is what a timeout per request wants on a multi-thread runtime, where every
+    /// worker would otherwise update the same two counters for each request (`benches/http.rs`
+    /// measures both). The engine's memory is never freed, and its driver thread runs until
+    /// `timer().shutdown()`. A sleeper leaked already is returned as it is.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use delaywheel::sleep::Sleeper;
+    ///
+    /// let sleeper = Sleeper::new().unwrap().leak();
+    /// let answer = sleeper.timeout(Duration::from_secs(5), async { 42 }).await;
+    /// assert_eq!(answer, Ok(42));
+    /// # }
+    /// ```
+    pub fn leak(self) -> Sleeper {
+        match self.engine {
+            Engine::Owned(timer) => Sleeper {
+                engine: Engine::Static(Box::leak(Box::new(timer))),
+            },
+            Engine::Static(_) => self,
+        }
     }
 
     /// The engine behind this sleeper (for `stats()` or `shutdown()`).
     pub fn timer(&self) -> &Timer<Wakeup> {
-        &self.timer
+        &self.engine
     }
 
     /// A future that completes `delay` from now (rounded up to the tick), or with
     /// [`EngineShutdown`] if the engine shuts down first (once the timers `shutdown` handed
-    /// back are dropped) or refuses the timer. The timer is scheduled now, and
-    /// cancelled if the future is dropped before it fires.
+    /// back are dropped) or refuses the timer.
+    ///
+    /// The deadline counts from this call, but nothing is put in the wheel until the first
+    /// poll: a sleep dropped unpolled costs no schedule and no cancel, and a sleep first polled
+    /// at or after its deadline completes at once without one. A registered sleep is cancelled
+    /// when it is dropped before it fires.
     pub fn sleep(&self, delay: Duration) -> Sleep {
-        let now = self.timer.now();
-        // Past what an `Instant` holds: 30 years, which never fires either (as tokio does).
-        let deadline = now
-            .checked_add(delay)
-            .or_else(|| now.checked_add(FAR_FUTURE))
-            .unwrap_or(now);
-        self.sleep_until(deadline)
+        let now = self.engine.now();
+        self.sleep_until(far(now, delay))
     }
 
     /// A future that completes at `deadline` (rounded up to the tick; at once if it has
-    /// passed), as [`sleep`](Self::sleep) does.
+    /// passed), registered at its first poll as [`sleep`](Self::sleep)'s is.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -221,21 +271,19 @@ impl Sleeper {
     /// # }
     /// ```
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        let state = Arc::new(SleepState::default());
-        let id = self.timer.schedule_at(Wakeup(state.clone()), deadline).ok();
-        Sleep {
-            state,
-            id,
-            deadline,
-            timer: self.timer.clone(),
-        }
+        Sleep::new(self.engine.clone(), When::At(deadline))
     }
 
-    /// Runs `future` with a deadline `delay` from now. It resolves to the future's output, to
-    /// [`TimeoutError::Elapsed`] at the deadline, or to [`TimeoutError::Shutdown`] if the
-    /// engine shuts down first (then the future is not polled again). Each poll polls `future`
-    /// first: on an engine already shut down (which refuses the timer), a `future` ready at
-    /// its first poll still gives its output.
+    /// Runs `future` with a deadline `delay` after it first waits. It resolves to the future's
+    /// output, to [`TimeoutError::Elapsed`] at the deadline, or to [`TimeoutError::Shutdown`]
+    /// if the engine shuts down first (then the future is not polled again).
+    ///
+    /// Lazy, as a timeout around a call that usually answers at once should be: each poll
+    /// polls `future` first, and a `future` ready at its first poll costs no clock read, no
+    /// allocation and no timer. The clock is read, and the timer registered, at the first
+    /// poll at which `future` is pending, and **the deadline is `delay` from that poll**: later
+    /// than `delay` from this call when the first poll comes later, never earlier. Use
+    /// [`timeout_at`](Self::timeout_at) for a deadline fixed in advance.
     ///
     /// It runs on the engine's clock: tokio's paused clock does not move it. See the
     /// [module docs](self#deterministic-tests-a-manual-clock-not-tokios-paused-one) for
@@ -243,11 +291,12 @@ impl Sleeper {
     pub fn timeout<F: Future>(&self, delay: Duration, future: F) -> Timeout<F> {
         Timeout {
             future,
-            sleep: self.sleep(delay),
+            sleep: Sleep::new(self.engine.clone(), When::After(delay)),
         }
     }
 
-    /// Runs `future` with the deadline `deadline`, as [`timeout`](Self::timeout) does.
+    /// Runs `future` with the deadline `deadline`, as [`timeout`](Self::timeout) does (lazily:
+    /// nothing is registered while `future` is ready at its first poll).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -265,22 +314,58 @@ impl Sleeper {
     pub fn timeout_at<F: Future>(&self, deadline: Instant, future: F) -> Timeout<F> {
         Timeout {
             future,
-            sleep: self.sleep_until(deadline),
+            sleep: Sleep::new(self.engine.clone(), When::At(deadline)),
         }
     }
+}
+
+/// `delay` after `now`; past what an `Instant` holds, 30 years, which never fires either (as
+/// tokio does).
+fn far(now: Instant, delay: Duration) -> Instant {
+    now.checked_add(delay)
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
+/// When a sleep completes: at an instant, or (a [`Timeout`]'s, until its first pending poll)
+/// a delay after the poll that registers it.
+#[derive(Clone, Copy, Debug)]
+enum When {
+    At(Instant),
+    After(Duration),
+}
+
+/// Where a sleep stands with the engine.
+#[derive(Debug)]
+enum Registration {
+    /// Nothing in the wheel yet: the first poll registers it.
+    Unregistered,
+    /// Its timer is (or was) in the wheel; `state` says whether it fired.
+    Registered { state: Arc<SleepState>, id: TimerId },
+    /// Completed with no timer: its deadline had passed at its first poll.
+    Passed,
+    /// The engine refused the timer: it was shut down.
+    Refused,
 }
 
 /// The future returned by [`Sleeper::sleep`].
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
-    state: Arc<SleepState>,
-    id: Option<TimerId>,
+    registration: Registration,
     /// As asked for (not rounded to the tick).
-    deadline: Instant,
-    timer: Timer<Wakeup>,
+    when: When,
+    engine: Engine,
 }
 
 impl Sleep {
+    fn new(engine: Engine, when: When) -> Sleep {
+        Sleep {
+            registration: Registration::Unregistered,
+            when,
+            engine,
+        }
+    }
+
     /// When this sleep completes, as asked for (the engine fires it at the tick boundary at or
     /// after this; a delay past what an `Instant` holds is taken as 30 years).
     ///
@@ -296,10 +381,15 @@ impl Sleep {
     /// assert_eq!(sleep.deadline(), at + Duration::from_secs(30));
     /// ```
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        match self.when {
+            When::At(at) => at,
+            // Only a timeout's sleep before its first pending poll, which no caller sees.
+            When::After(delay) => far(self.engine.now(), delay),
+        }
     }
 
-    /// Whether the sleep has completed: its timer fired (an engine shutdown does not count).
+    /// Whether the sleep has completed: its timer fired, or its deadline had passed when it
+    /// was first polled (an engine shutdown does not count).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -315,14 +405,18 @@ impl Sleep {
     /// # }
     /// ```
     pub fn is_elapsed(&self) -> bool {
-        self.state.state.load(SeqCst) == FIRED
+        match &self.registration {
+            Registration::Registered { state, .. } => state.state.load(SeqCst) == FIRED,
+            Registration::Passed => true,
+            Registration::Unregistered | Registration::Refused => false,
+        }
     }
 
     /// Moves the sleep to complete at `deadline` instead, whether or not it has completed
     /// already (then it is pending again), as tokio's `Sleep::reset` does. A pending sleep
     /// keeps its registration: the engine moves its timer in the wheel, an O(1) reset, not a
-    /// cancel and a new insert. On an engine that has shut down, the sleep then completes
-    /// with [`EngineShutdown`].
+    /// cancel and a new insert. A sleep not registered yet only takes the new deadline. On an
+    /// engine that has shut down, the sleep then completes with [`EngineShutdown`].
     ///
     /// The idle-timeout pattern: one sleep, reset on every read.
     ///
@@ -344,32 +438,88 @@ impl Sleep {
     /// # }
     /// ```
     pub fn reset(&mut self, deadline: Instant) {
-        self.deadline = deadline;
-        if let Some(id) = self.id {
-            if self.state.state.load(SeqCst) == PENDING && self.timer.reset_at(id, deadline) {
-                return;
-            }
+        self.when = When::At(deadline);
+        let Registration::Registered { state, id } = &mut self.registration else {
+            // Not in the wheel: the next poll registers it at the new deadline (or, after a
+            // refusal, asks the engine again).
+            self.registration = Registration::Unregistered;
+            return;
+        };
+        if state.state.load(SeqCst) == PENDING && self.engine.reset_at(*id, deadline) {
+            return;
         }
         // Fired (or firing: its wake-up is on the way, and must not complete the new one), or
-        // never scheduled: a new registration, which wakes the task that waits on this sleep.
-        if let Some(id) = self.id.take() {
-            drop(self.timer.cancel(id));
-        }
-        let waiting = self.state.waker.take();
-        self.state = Arc::new(SleepState::default());
+        // woken by a shutdown: a new registration, which wakes the task that waits on this
+        // sleep.
+        drop(self.engine.cancel(*id));
+        let waiting = state.waker.take();
+        let fresh = Arc::new(SleepState::default());
         if let Some(waker) = waiting {
-            self.state.waker.register(&waker);
+            fresh.waker.register(&waker);
         }
-        self.id = self
-            .timer
-            .schedule_at(Wakeup(self.state.clone()), deadline)
-            .ok();
+        self.registration = match self.engine.schedule_at(Wakeup(fresh.clone()), deadline) {
+            Ok(id) => Registration::Registered { state: fresh, id },
+            Err(_) => Registration::Refused,
+        };
+    }
+
+    /// The first poll: completes at once if the deadline has passed, else puts the timer in
+    /// the wheel (resolving a delay against the clock now) and waits for it.
+    fn register(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), EngineShutdown>> {
+        let now = self.engine.now();
+        let deadline = match self.when {
+            When::At(at) => at,
+            When::After(delay) => far(now, delay),
+        };
+        self.when = When::At(deadline);
+        if deadline <= now {
+            self.registration = Registration::Passed;
+            return Poll::Ready(Ok(()));
+        }
+        let state = Arc::new(SleepState::default());
+        match self.engine.schedule_at(Wakeup(state.clone()), deadline) {
+            Ok(id) => {
+                state.waker.register(cx.waker());
+                let done = fired(&state);
+                self.registration = Registration::Registered { state, id };
+                done.map_or(Poll::Pending, Poll::Ready)
+            }
+            Err(_) => {
+                self.registration = Registration::Refused;
+                Poll::Ready(Err(EngineShutdown))
+            }
+        }
+    }
+}
+
+impl Sleep {
+    /// Takes the timer out of the wheel, if it is there and pending: the timeout it served is
+    /// over. The sleep is left unregistered.
+    fn disarm(&mut self) {
+        if let Registration::Registered { state, id } = &self.registration {
+            drop(state.waker.take());
+            if state.state.load(SeqCst) == PENDING {
+                drop(self.engine.cancel(*id));
+            }
+            self.registration = Registration::Unregistered;
+        }
+    }
+}
+
+/// How a registered sleep ended, if it has.
+fn fired(state: &SleepState) -> Option<Result<(), EngineShutdown>> {
+    match state.state.load(SeqCst) {
+        FIRED => Some(Ok(())),
+        SHUT_DOWN => Some(Err(EngineShutdown)),
+        _ => None,
     }
 }
 
 impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sleep").field("id", &self.id).finish()
+        f.debug_struct("Sleep")
+            .field("registration", &self.registration)
+            .finish()
     }
 }
 
@@ -377,36 +527,27 @@ impl Future for Sleep {
     type Output = Result<(), EngineShutdown>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let check = |s: &SleepState| match s.state.load(SeqCst) {
-            FIRED => Some(Ok(())),
-            SHUT_DOWN => Some(Err(EngineShutdown)),
-            _ => None,
-        };
-        // Scheduling failed (the engine was already shut down).
-        if self.id.is_none() {
-            return Poll::Ready(Err(EngineShutdown));
-        }
-        if let Some(done) = check(&self.state) {
-            return Poll::Ready(done);
-        }
-        self.state.waker.register(cx.waker());
-        match check(&self.state) {
-            Some(done) => Poll::Ready(done),
-            None => Poll::Pending,
+        let this = self.get_mut();
+        match &this.registration {
+            Registration::Unregistered => this.register(cx),
+            Registration::Passed => Poll::Ready(Ok(())),
+            Registration::Refused => Poll::Ready(Err(EngineShutdown)),
+            Registration::Registered { state, .. } => {
+                if let Some(done) = fired(state) {
+                    return Poll::Ready(done);
+                }
+                state.waker.register(cx.waker());
+                fired(state).map_or(Poll::Pending, Poll::Ready)
+            }
         }
     }
 }
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        // Nobody waits any more: the cancelled `Wakeup` must not wake the task dropping us.
-        drop(self.state.waker.take());
-        if let Some(id) = self.id {
-            if self.state.state.load(SeqCst) == PENDING {
-                // Cancel-on-drop: the wheel forgets the timer at once.
-                drop(self.timer.cancel(id));
-            }
-        }
+        // Cancel-on-drop: the wheel forgets the timer at once. Nobody waits any more, so the
+        // cancelled `Wakeup` must not wake the task dropping us (`disarm` takes the waker).
+        self.disarm();
     }
 }
 
@@ -434,6 +575,8 @@ impl<F: Future> Future for Timeout<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         if let Poll::Ready(v) = this.future.poll(cx) {
+            // The answer came: its timer is cancelled now, not when the future is dropped.
+            this.sleep.disarm();
             return Poll::Ready(Ok(v));
         }
         match Pin::new(this.sleep).poll(cx) {
