@@ -18,6 +18,9 @@
 //!    `redis/queue/`, a delay queue shared by many instances that fire from their own wheels
 //!    (`redis::Producer`, `redis::Consumer`).
 //!
+//! 4. [`http`] (features `hyper`, `tower`): the engine as hyper's timer and as a tower timeout
+//!    layer, built on [`sleep`].
+//!
 //! `make test` runs `.ci/layers.py`, which fails on an import cycle between files or an import
 //! against this order.
 //!
@@ -47,6 +50,10 @@ mod engine;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+
+#[cfg(any(feature = "hyper", feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "hyper", feature = "tower"))))]
+pub mod http;
 
 #[cfg(feature = "futures")]
 #[cfg_attr(docsrs, doc(cfg(feature = "futures")))]

@@ -269,6 +269,31 @@ mod redis_futures_feature {
     }
 }
 
+#[cfg(all(feature = "hyper", feature = "tower"))]
+mod http_features {
+    use super::{named, type_name};
+
+    use delaywheel::http;
+    use delaywheel::http::HyperTimer;
+    use delaywheel::http::ResponseFuture;
+    use delaywheel::http::TimeoutLayer;
+    use delaywheel::http::TimeoutService;
+
+    type Ready = std::future::Ready<()>;
+
+    #[test]
+    fn http_items_resolve() {
+        let names = types![
+            HyperTimer,
+            ResponseFuture<Ready>,
+            TimeoutLayer,
+            TimeoutService<()>,
+        ];
+        assert_eq!(names.len(), 4);
+        assert_eq!(type_name::<http::HyperTimer>(), type_name::<HyperTimer>());
+    }
+}
+
 /// The paths `use`d in this file, one `use delaywheel::...;` a line.
 fn imported_paths() -> Vec<&'static str> {
     include_str!("public_api.rs")
