@@ -126,6 +126,8 @@ smoke:
 	$(CARGO) run --all-features --example queue
 	@# The three programs of a new user: a tokio gateway, an order service, a queue pair.
 	$(CARGO) run --all-features --example tokio_gateway -- --smoke --json
+	@# A hyper + tower gateway on each timer, a child process putting the load on it.
+	$(CARGO) run --all-features --example http_gateway -- --smoke --json
 	$(CARGO) run --all-features --example order_service -- --smoke --json
 	$(CARGO) run --all-features --example queue_pair -- --smoke --json
 
