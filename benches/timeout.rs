@@ -2,9 +2,9 @@
 //! workers. Contenders in every group: no timeout at all (`none`, the baseline), this crate's
 //! `Sleeper::timeout` on a leaked sleeper (`delaywheel`) and on an owned one
 //! (`delaywheel_owned`: two reference counts per timeout), `tokio::time::timeout` (`tokio`),
-//! `pingora_timeout::timeout` (`pingora`, tokio's timer registered lazily) and
+//! `pingora_timeout::tokio_timeout` (`pingora_tokio`: tokio's timer, registered lazily) and
 //! `pingora_timeout::fast_timeout::fast_timeout` (`pingora_fast`: one shared timer per 10 ms
-//! of deadline). A timer's overhead is its time minus `none`'s.
+//! of deadline; `pingora_timeout::timeout` is the same function). A timer's overhead is its time minus `none`'s.
 //!
 //! * `timeout_ready`: a timeout around a future ready at its first poll; each worker runs the
 //!   loop, and the time is per timeout on one worker while the other does the same.
@@ -13,7 +13,8 @@
 //! * `timeout_100k_tasks`: 100 000 tasks, each looping on `timeout_pending_once`'s call,
 //!   answered by 2 answerer tasks; the time is wall time per call, all tasks together.
 //!
-//! The timeout is 1 s in every case, and never fires. `cargo bench --features futures --bench
+//! The timeout is 1 s in every case, and never fires. Then a report of what each gives up in
+//! precision: how late 50 ms timeouts fire. `cargo bench --features futures --bench
 //! timeout`; under `cargo test --benches` each runs once, small.
 
 use std::future::Future;
@@ -56,7 +57,7 @@ impl Contender {
             Contender::Delaywheel => "delaywheel",
             Contender::DelaywheelOwned => "delaywheel_owned",
             Contender::Tokio => "tokio",
-            Contender::Pingora => "pingora",
+            Contender::Pingora => "pingora_tokio",
             Contender::PingoraFast => "pingora_fast",
         }
     }
@@ -71,16 +72,21 @@ struct Engines {
 
 /// `future` under `who`'s timeout; `true` if it finished in time.
 async fn run<F: Future>(who: Contender, engines: &Engines, future: F) -> bool {
+    run_for(who, engines, LIMIT, future).await
+}
+
+/// `future` under `who`'s timeout of `limit`; `true` if it finished in time.
+async fn run_for<F: Future>(who: Contender, engines: &Engines, limit: Duration, future: F) -> bool {
     match who {
         Contender::None => {
             future.await;
             true
         }
-        Contender::Delaywheel => engines.leaked.timeout(LIMIT, future).await.is_ok(),
-        Contender::DelaywheelOwned => engines.owned.timeout(LIMIT, future).await.is_ok(),
-        Contender::Tokio => tokio::time::timeout(LIMIT, future).await.is_ok(),
-        Contender::Pingora => pingora_timeout::timeout(LIMIT, future).await.is_ok(),
-        Contender::PingoraFast => pingora_timeout::fast_timeout::fast_timeout(LIMIT, future)
+        Contender::Delaywheel => engines.leaked.timeout(limit, future).await.is_ok(),
+        Contender::DelaywheelOwned => engines.owned.timeout(limit, future).await.is_ok(),
+        Contender::Tokio => tokio::time::timeout(limit, future).await.is_ok(),
+        Contender::Pingora => pingora_timeout::tokio_timeout(limit, future).await.is_ok(),
+        Contender::PingoraFast => pingora_timeout::fast_timeout::fast_timeout(limit, future)
             .await
             .is_ok(),
     }
@@ -236,6 +242,44 @@ fn bench_many_tasks(c: &mut Criterion, rt: &Runtime, engines: &Engines, tasks: u
     group.finish();
 }
 
+/// What each timer gives up in precision: `n` timeouts of 50 ms around futures that never
+/// finish, started 0.1 ms apart, and how late each fired (elapsed − 50 ms), as p50/p99/max.
+fn report_precision(rt: &Runtime, engines: &Engines, n: usize) {
+    let limit = Duration::from_millis(50);
+    println!("\nprecision: {n} timeouts of 50 ms each, lateness p50 / p99 / max in ms");
+    for who in CONTENDERS.into_iter().skip(1) {
+        let mut late: Vec<Duration> = rt.block_on(async {
+            let tasks: Vec<_> = (0..n)
+                .map(|i| {
+                    let engines = engines.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_micros(100 * i as u64)).await;
+                        let start = Instant::now();
+                        let done =
+                            run_for(who, &engines, limit, std::future::pending::<()>()).await;
+                        assert!(!done);
+                        start.elapsed().saturating_sub(limit)
+                    })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(n);
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        });
+        late.sort();
+        let at = |q: f64| late[((late.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+        println!(
+            "  {:<17} {:>6.2} {:>6.2} {:>6.2}",
+            who.name(),
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        );
+    }
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     let rt = runtime();
@@ -254,4 +298,5 @@ fn main() {
     let smoke = !std::env::args().any(|a| a == "--bench");
     bench_many_tasks(&mut c, &rt, &engines, if smoke { 1_000 } else { 100_000 });
     c.final_summary();
+    report_precision(&rt, &engines, if smoke { 100 } else { 2_000 });
 }
