@@ -21,6 +21,10 @@
 //!   `tests/sleep_reset.rs`: `a_reset_of_a_pending_sleep_moves_its_timer_and_inserts_none`,
 //!   `a_completed_sleep_reset_is_pending_again_and_wakes_its_task`,
 //!   `a_reset_right_after_the_fire_is_not_completed_by_the_old_wake_up`.
+//! * Registration is lazy: a [`Sleep`] goes into the wheel at its first poll (first polled
+//!   past its deadline, it completes with none), and a [`Timeout`] whose future is ready at its
+//!   first poll reads no clock and registers nothing; its timer is cancelled as soon as the
+//!   future answers. `tests/lazy_registration.rs`, by the engine's counters.
 //! * A shutdown of the engine wakes every pending sleep with [`EngineShutdown`] (a timeout,
 //!   with [`TimeoutError::Shutdown`]). `tests/engine_tokio.rs`:
 //!   `shutdown_wakes_pending_sleeps_with_an_error`; `tests/sleep_reset.rs`:
