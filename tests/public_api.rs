@@ -148,6 +148,8 @@ mod redis_feature {
     use delaywheel::redis::IntoPayload;
     use delaywheel::redis::KeyLayout;
     use delaywheel::redis::Lease;
+    use delaywheel::redis::ListCursor;
+    use delaywheel::redis::ListState;
     use delaywheel::redis::NamespaceError;
     use delaywheel::redis::NamespaceInUse;
     use delaywheel::redis::Op;
@@ -168,6 +170,9 @@ mod redis_feature {
     use delaywheel::redis::Row;
     use delaywheel::redis::Rows;
     use delaywheel::redis::StoreError;
+    use delaywheel::redis::TaskInfo;
+    use delaywheel::redis::TaskPage;
+    use delaywheel::redis::TaskState;
     use delaywheel::redis::TaskStore;
     use delaywheel::redis::WallClock;
     use delaywheel::redis::When;
@@ -195,6 +200,8 @@ mod redis_feature {
             Handlers,
             KeyLayout,
             Lease,
+            ListCursor,
+            ListState,
             NamespaceError,
             NamespaceInUse,
             Op,
@@ -215,11 +222,14 @@ mod redis_feature {
             Row,
             Rows,
             StoreError,
+            TaskInfo,
+            TaskPage,
+            TaskState,
             WallClock,
             When,
             WhenFull,
         ];
-        assert_eq!(names.len(), 39);
+        assert_eq!(names.len(), 44);
         assert_eq!(type_name::<redis::Envelope>(), type_name::<Envelope>());
         // An alias has no name of its own: it is the boxed error handlers return.
         assert_eq!(

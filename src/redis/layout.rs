@@ -13,6 +13,7 @@ pub struct KeyLayout {
     fence: String,
     expired: String,
     unpaired: String,
+    paused: String,
     kind: String,
     engine: String,
     takes: String,
@@ -100,6 +101,7 @@ impl KeyLayout {
             fence: format!("{{{ns}}}:fence"),
             expired: format!("{{{ns}}}:expired"),
             unpaired: format!("{{{ns}}}:unpaired"),
+            paused: format!("{{{ns}}}:paused"),
             kind: format!("{{{ns}}}:kind"),
             engine: format!("{{{ns}}}:engine"),
             takes: format!("{{{ns}}}:engine:takes"),
@@ -150,6 +152,12 @@ impl KeyLayout {
     /// gives a producer that writes the two in separate commands.
     pub fn unpaired(&self) -> &str {
         &self.unpaired
+    }
+
+    /// The queue's pause flag, one per shard: while it exists, claims lease nothing (see
+    /// [`Producer::pause`](super::Producer::pause)). Its value says who paused it and when.
+    pub fn paused(&self) -> &str {
+        &self.paused
     }
 
     /// The queue's LIST of the last claim of consumer `consumer` (a consumer passes its id and

@@ -461,7 +461,8 @@ pub use persist::{
 };
 pub use queue::{
     shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
-    Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy,
+    ListCursor, ListState, Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy,
+    TaskInfo, TaskPage, TaskState,
 };
 pub use store_error::StoreError;
 pub use wall_clock::{now_ms, WallClock};

@@ -24,6 +24,8 @@ pub(crate) mod conn;
 pub(crate) mod consumer;
 pub(crate) mod dead_letters;
 pub(crate) mod dedup;
+pub(crate) mod inspect;
+pub(crate) mod pause;
 pub(crate) mod producer;
 pub(crate) mod scripts;
 
@@ -32,4 +34,5 @@ pub use conn::QueueDepth;
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dead_letters::DeadTask;
 pub use dedup::{Begin, Claim, Dedup, DedupError};
+pub use inspect::{ListCursor, ListState, TaskInfo, TaskPage, TaskState};
 pub use producer::Producer;

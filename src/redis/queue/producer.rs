@@ -19,9 +19,9 @@ use crate::redis::when::When;
 /// Enqueues and cancels tasks, and manages the dead-letter store. Cheap to clone.
 #[derive(Clone)]
 pub struct Producer {
-    cfg: Arc<QueueConfig>,
-    shards: Arc<Vec<KeyLayout>>,
-    conn: Conn,
+    pub(super) cfg: Arc<QueueConfig>,
+    pub(super) shards: Arc<Vec<KeyLayout>>,
+    pub(super) conn: Conn,
 }
 
 impl fmt::Debug for Producer {
@@ -52,7 +52,7 @@ impl Producer {
         })
     }
 
-    fn keys(&self, id: &str) -> &KeyLayout {
+    pub(super) fn keys(&self, id: &str) -> &KeyLayout {
         &self.shards[shard_of(id, self.cfg.shards) as usize]
     }
 
@@ -395,7 +395,7 @@ impl Producer {
 }
 
 /// One HSCAN reply: the next cursor, then (field, value) pairs as stored.
-type HscanPage = (u64, Vec<(Vec<u8>, Vec<u8>)>);
+pub(super) type HscanPage = (u64, Vec<(Vec<u8>, Vec<u8>)>);
 
 #[cfg(test)]
 mod tests {

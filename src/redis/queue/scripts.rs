@@ -91,7 +91,20 @@ pub(crate) static REQUEUE: std::sync::LazyLock<redis::Script> =
 pub(crate) static SWEEP: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("lua/sweep.lua")));
 
-/// Every script, for loading them all ahead of their first calls.
+/// `lua/inspect.lua`: its header gives its keys, arguments and reply.
+pub(crate) static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/inspect.lua")));
+
+/// `lua/inspect_page.lua`: its header gives its keys, arguments and reply.
+pub(crate) static INSPECT_PAGE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/inspect_page.lua")));
+
+/// `lua/resume.lua`: its header gives its keys, arguments and reply.
+pub(crate) static RESUME: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/resume.lua")));
+
+/// Every script the consumers and producers call on the hot path, for loading them all ahead
+/// of their first calls (the inspection and pause scripts load on first use).
 pub(crate) static ALL: [&LazyLock<Script>; 12] = [
     &ENQUEUE,
     &ENQUEUE_MANY,

@@ -198,6 +198,7 @@ pub(super) async fn claim(
         .key(keys.batch(&shared.batch_name))
         .key(keys.expired())
         .key(keys.unpaired())
+        .key(keys.paused())
         .arg(now + cfg.lookahead.as_millis() as u64)
         .arg(room.n)
         .arg(shared.id.as_str())
@@ -206,6 +207,14 @@ pub(super) async fn claim(
         .arg(cfg.unpaired_grace.as_millis() as u64);
     let reply: Vec<Vec<u8>> = shared.conn.run(&inv).await?;
     shared.counters.claims.fetch_add(1, Relaxed);
+    // A real claim's first element is its token, a number.
+    let paused = reply.len() == 1 && reply[0] == b"paused";
+    metrics::gauge!("delaywheel_queue_paused", "namespace" => cfg.namespace.clone(), "shard" => shard.to_string())
+        .set(f64::from(u8::from(paused)));
+    if paused {
+        metrics::histogram!("delaywheel_queue_claim_batch").record(0.0);
+        return Ok(Some(Took { n: 0, asked }));
+    }
     let Some((token, rest)) = reply.split_first() else {
         metrics::histogram!("delaywheel_queue_claim_batch").record(0.0);
         return Ok(Some(Took { n: 0, asked }));

@@ -1,7 +1,9 @@
--- KEYS: due, tasks, lease, owner, fence, dead, batch, expired, unpaired. ARGV: until (ms),
--- batch, consumer, lease (ms), nonce, grace (ms). Leases up to `batch` tasks due by `until` to
--- `consumer|token` until max(due, now) + lease (`now`: Redis's clock), and returns `token,
--- id1, due1, envelope1, id2, ...`, or an empty array.
+-- KEYS: due, tasks, lease, owner, fence, dead, batch, expired, unpaired, paused. ARGV: until
+-- (ms), batch, consumer, lease (ms), nonce, grace (ms). Leases up to `batch` tasks due by
+-- `until` to `consumer|token` until max(due, now) + lease (`now`: Redis's clock), and returns
+-- `token, id1, due1, envelope1, id2, ...`, or an empty array; or `paused` alone, leasing
+-- nothing, while the `paused` key exists (a claim retried by nonce is still answered: its
+-- tasks were leased before).
 --
 -- An id with no envelope (or an empty one; only another client writes such) is never leased:
 -- leased, it would wait for the consumer's dead-lettering, and an `enqueue` of the id in
@@ -39,6 +41,7 @@ if redis.call('LINDEX', KEYS[7], 0) == ARGV[5] then
   end
   return out
 end
+if redis.call('EXISTS', KEYS[10]) == 1 then return {'paused'} end
 local limit, grace = tonumber(ARGV[2]), tonumber(ARGV[6])
 -- How many ids wait for their envelope: as many more are read, so that they take no task's
 -- place. A wrong-typed `unpaired` is reported with each id that needs it.
