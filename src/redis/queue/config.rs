@@ -366,6 +366,9 @@ pub enum QueueError {
     /// The namespace (or one of its shards' key sets) is used by a
     /// [`Persistent`](crate::redis::Persistent) engine.
     InUse(NamespaceInUse),
+    /// No queue has used this namespace (or shard key set, `ns:i`): its kind key is missing.
+    /// From [`Producer::connect_existing`](crate::redis::Producer::connect_existing).
+    UnknownNamespace(String),
 }
 
 impl fmt::Display for QueueError {
@@ -388,6 +391,12 @@ impl fmt::Display for QueueError {
             }
             QueueError::Spawn(e) => write!(f, "could not start the consumer: {e}"),
             QueueError::InUse(_) => f.write_str("the namespace is used by a persistent engine"),
+            QueueError::UnknownNamespace(ns) => {
+                write!(
+                    f,
+                    "no queue has used namespace {ns:?} (its kind key is missing)"
+                )
+            }
         }
     }
 }

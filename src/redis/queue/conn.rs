@@ -37,6 +37,37 @@ impl Conn {
         Ok(conn)
     }
 
+    /// As [`open`](Self::open), for a namespace a queue has used already: one whose kind key
+    /// is missing on any shard is refused with [`QueueError::UnknownNamespace`], and nothing is
+    /// written to it. For tools that inspect a queue, where a mistyped namespace must not
+    /// become a new, empty queue.
+    pub(crate) async fn open_existing(
+        cfg: &QueueConfig,
+        shards: &[KeyLayout],
+    ) -> Result<Conn, QueueError> {
+        let link = Link::open(&cfg.url, &cfg.cluster_nodes).await?;
+        for keys in shards {
+            let mut c = link.clone();
+            let kind: Option<String> = redis::cmd("GET")
+                .arg(keys.kind())
+                .query_async(&mut c)
+                .await?;
+            if kind.is_none() {
+                return Err(QueueError::UnknownNamespace(keys.namespace().to_owned()));
+            }
+        }
+        let conn = Conn {
+            conn: link,
+            commands: Arc::new(AtomicU64::new(shards.len() as u64)),
+        };
+        conn.preload().await;
+        conn.count(shards.len() as u64);
+        claim_namespaces(&conn.conn, shards, QUEUE_ROLE)
+            .await
+            .map_err(QueueError::InUse)?;
+        Ok(conn)
+    }
+
     /// Loads every queue script on every node now, while they answer. Otherwise a script's
     /// first call loads it, on all nodes at once (a cluster sends SCRIPT LOAD to every node),
     /// and waits for any node that does not answer, also when the call is for another node's

@@ -52,6 +52,20 @@ impl Producer {
         })
     }
 
+    /// Connects to a queue that exists: as [`connect`](Self::connect), but a namespace no
+    /// queue has used is refused with [`QueueError::UnknownNamespace`] instead of becoming a
+    /// new, empty queue, and nothing is written to it. For operators' tools, where a mistyped
+    /// namespace or shard count must say so.
+    pub async fn connect_existing(cfg: QueueConfig) -> Result<Producer, QueueError> {
+        let shards = cfg.check()?;
+        let conn = Conn::open_existing(&cfg, &shards).await?;
+        Ok(Producer {
+            cfg: Arc::new(cfg),
+            shards: Arc::new(shards),
+            conn,
+        })
+    }
+
     pub(super) fn keys(&self, id: &str) -> &KeyLayout {
         &self.shards[shard_of(id, self.cfg.shards) as usize]
     }

@@ -1,0 +1,167 @@
+//! `delaywheel`: the command line of an operator of a delaywheel queue in Redis (feature
+//! `cli`). It inspects a queue (`stats`, `ls`, `get`), acts on single tasks (`cancel`,
+//! `requeue`) or on every dead letter (`requeue --all-dead`, paced), and pauses or resumes
+//! every consumer. Human tables by default, one JSON document with `--json`.
+//!
+//! Exit codes: 0 done; 1 an error (Redis unreachable, an unknown namespace or one of the
+//! other kind, a refused requeue); 2 a usage error; 3 the id is not there.
+
+mod commands;
+mod output;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use delaywheel::redis::{Producer, QueueConfig, QueueError};
+
+/// Operate a delaywheel queue in Redis: inspect it, pause it, cancel and requeue tasks.
+#[derive(Parser, Debug)]
+#[command(name = "delaywheel", version)]
+struct Cli {
+    /// Redis URL, or with --cluster the cluster's node URLs (comma-separated). Read from
+    /// DELAYWHEEL_REDIS_URL when not given, so that a password does not show in `ps`.
+    #[arg(
+        long,
+        env = "DELAYWHEEL_REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1/"
+    )]
+    redis: String,
+    /// The URLs are Redis Cluster nodes.
+    #[arg(long)]
+    cluster: bool,
+    /// The queue's namespace, as its producers and consumers were given it.
+    #[arg(long, env = "DELAYWHEEL_NAMESPACE")]
+    namespace: String,
+    /// The queue's shard count, as its producers and consumers were given it.
+    #[arg(long, default_value_t = 1)]
+    shards: u32,
+    /// One JSON document on stdout instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Depths (queued, leased, dead), the latency (age of the oldest due, unclaimed task) and
+    /// whether the queue is paused.
+    Stats,
+    /// One page of tasks in a state: scheduled and leased in due order, dead letters by shard.
+    Ls {
+        /// Which tasks.
+        state: State,
+        /// Tasks per page.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Where to go on from: the `next` a previous page printed.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// One task: its state, envelope, due time and attempts.
+    Get {
+        /// The task id.
+        id: String,
+    },
+    /// Cancels one task, queued or claimed.
+    Cancel {
+        /// The task id.
+        id: String,
+    },
+    /// Moves a dead-lettered task back to the queue, due now; or, with --all-dead, every
+    /// dead letter, paced at --rate per second so that they do not all come due at once.
+    Requeue {
+        /// The task id.
+        #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
+        id: Option<String>,
+        /// Every dead letter of the queue.
+        #[arg(long)]
+        all_dead: bool,
+        /// Requeues per second with --all-dead.
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+        rate: u32,
+    },
+    /// Stops every consumer of the queue from claiming. Enqueue goes on; tasks already
+    /// claimed still fire (those due within the consumers' lookahead).
+    Pause,
+    /// Lifts a pause, and wakes every consumer at once.
+    Resume,
+}
+
+/// The states `ls` lists.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum State {
+    Scheduled,
+    Leased,
+    Dead,
+}
+
+/// How a command ended: its exit code.
+enum Exit {
+    Done,
+    NotFound,
+    Failed,
+}
+
+/// A failure as one line on stderr, with the causes it wraps.
+fn fail(what: &str, e: &(dyn std::error::Error + 'static)) -> Exit {
+    let mut line = format!("delaywheel: {what}: {e}");
+    let mut source = e.source();
+    while let Some(s) = source {
+        // A wrapped error often repeats its source's text: say each once.
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(&format!(": {text}"));
+        }
+        source = s.source();
+    }
+    eprintln!("{line}");
+    Exit::Failed
+}
+
+async fn connect(cli: &Cli) -> Result<Producer, QueueError> {
+    let nodes: Vec<String> = cli.redis.split(',').map(|u| u.trim().to_owned()).collect();
+    let mut cfg = QueueConfig::new(nodes[0].clone(), cli.namespace.as_str());
+    if cli.cluster {
+        cfg.cluster_nodes = nodes;
+    }
+    cfg.shards = cli.shards;
+    Producer::connect_existing(cfg).await
+}
+
+async fn run(cli: Cli) -> Exit {
+    let producer = match connect(&cli).await {
+        Ok(p) => p,
+        Err(QueueError::UnknownNamespace(ns)) => {
+            eprintln!(
+                "delaywheel: no queue in namespace {ns:?} at this Redis (check --namespace and --shards)"
+            );
+            return Exit::Failed;
+        }
+        Err(QueueError::InUse(e)) => {
+            eprintln!("delaywheel: {e}");
+            return Exit::Failed;
+        }
+        Err(e) => return fail("cannot open the queue", &e),
+    };
+    commands::run(&producer, cli.command, cli.json).await
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            fail("cannot start a runtime", &e);
+            std::process::exit(1);
+        }
+    };
+    let code = match rt.block_on(run(cli)) {
+        Exit::Done => 0,
+        Exit::Failed => 1,
+        Exit::NotFound => 3,
+    };
+    std::process::exit(code);
+}
