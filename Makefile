@@ -126,6 +126,8 @@ smoke:
 	$(CARGO) run --all-features --example queue
 	@# The three programs of a new user: a tokio gateway, an order service, a queue pair.
 	$(CARGO) run --all-features --example tokio_gateway -- --smoke --json
+	@# Every metric served to Prometheus on loopback, scraped once.
+	$(CARGO) run --all-features --example prometheus
 	@# A hyper + tower gateway on each timer, a child process putting the load on it.
 	$(CARGO) run --all-features --example http_gateway -- --smoke --json
 	$(CARGO) run --all-features --example order_service -- --smoke --json

@@ -354,12 +354,36 @@
 //!   `delaywheel_journal_full_total`, `delaywheel_persist_writing` (1 or 0, see
 //!   [`Persistent::is_writing`]), `delaywheel_store_data_loss_total`,
 //!   `delaywheel_store_wrong_type_total` (labelled `key`).
-//! * The queue: `delaywheel_queue_depth`, `_leased` and `_dead` (labelled `shard`),
-//!   `_fired_total`, `_lateness_seconds` and `_claim_batch` (histograms),
-//!   `_redis_commands_total`, `_commands_per_fired_task`, `_lease_recovered_total`,
-//!   `_leases_renewed_total`, `_acks_refused_total`, `_given_back_total`,
-//!   `_unpaired_removed_total`, `_wrong_type_total` (labelled `key`), each
-//!   `delaywheel_queue_...`; and [`Consumer::stats`].
+//! * The queue, by one scheme: `delaywheel_queue_<what>`, `_total` for a counter, `_seconds`
+//!   for a time; labels `namespace`, `shard` (per shard) and `topic` (per topic: the topics
+//!   with a registered handler, and `unknown` for any other, so the label set is bounded).
+//!
+//! | name | type | unit | labels | what |
+//! |---|---|---|---|---|
+//! | `delaywheel_queue_processed_total` | counter | tasks | namespace, topic | handler runs that succeeded |
+//! | `delaywheel_queue_failed_total` | counter | tasks | namespace, topic | handler runs that failed (an error, a panic, an undecodable typed payload) |
+//! | `delaywheel_queue_retried_total` | counter | tasks | namespace, topic | failures put back with a backoff |
+//! | `delaywheel_queue_dead_lettered_total` | counter | tasks | namespace, topic | failures past `max_attempts` |
+//! | `delaywheel_queue_handler_duration_seconds` | histogram | s | namespace, topic | a handler's run, or an `async` handler's future |
+//! | `delaywheel_queue_latency_seconds` | gauge | s | namespace, shard | age of the oldest due task not claimed (0 if none) |
+//! | `delaywheel_queue_paused` | gauge | 0/1 | namespace, shard | 1 while claims find the queue [paused](Producer::pause) |
+//! | `delaywheel_queue_depth`, `_leased`, `_dead` | gauge | tasks | namespace, shard | queued, claimed, dead-lettered |
+//! | `delaywheel_queue_fired_total` | counter | tasks | | timers fired to handlers |
+//! | `delaywheel_queue_lateness_seconds` | histogram | s | | fire time − due time |
+//! | `delaywheel_queue_claim_batch` | histogram | tasks | | tasks per claim |
+//! | `delaywheel_queue_redis_commands_total` | counter | commands | | every command sent |
+//! | `delaywheel_queue_commands_per_fired_task` | gauge | ratio | | commands ÷ fired, since start |
+//! | `delaywheel_queue_lease_recovered_total` | counter | tasks | | expired leases put back by the reaper |
+//! | `delaywheel_queue_leases_renewed_total` | counter | leases | | lease renewals |
+//! | `delaywheel_queue_acks_refused_total` | counter | acks | | acks refused: the lease was taken over |
+//! | `delaywheel_queue_given_back_total` | counter | tasks | | tasks handed back (stall, shutdown) |
+//! | `delaywheel_queue_unpaired_removed_total` | counter | tasks | | half-written tasks swept |
+//! | `delaywheel_queue_wrong_type_total` | counter | events | key | a key of the wrong type met |
+//!
+//! The per-shard gauges come from the reaper, every `reaper_interval`, one pipeline per shard
+//! (no per-task command). Every consumer serving a shard reports the same reading: aggregate
+//! them across replicas with `max by (namespace, shard)`, never `sum`. The counters are each
+//! consumer's own: `sum` them. [`Consumer::stats`] has the same counts in-process.
 //!
 //! # Known limits
 //!

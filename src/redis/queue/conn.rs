@@ -124,20 +124,46 @@ pub struct QueueDepth {
 }
 
 pub(crate) async fn sample_depth(conn: &Conn, keys: &KeyLayout) -> Result<QueueDepth, QueueError> {
+    Ok(sample_shard(conn, keys, false).await?.0)
+}
+
+/// A shard's depth and, with `oldest`, the due time (ms) of its oldest queued task (the
+/// next to claim, whether due or not): one pipeline of three or four reads.
+pub(crate) async fn sample_shard(
+    conn: &Conn,
+    keys: &KeyLayout,
+    oldest: bool,
+) -> Result<(QueueDepth, Option<f64>), QueueError> {
     let mut c = conn.conn.clone();
-    conn.count(3);
-    let (queued, leased, dead): (u64, u64, u64) = redis::pipe()
-        .cmd("ZCARD")
+    let mut pipe = redis::pipe();
+    pipe.cmd("ZCARD")
         .arg(keys.due())
         .cmd("ZCARD")
         .arg(keys.lease())
         .cmd("HLEN")
-        .arg(keys.dead())
-        .query_async(&mut c)
-        .await?;
-    Ok(QueueDepth {
-        queued,
-        leased,
-        dead,
-    })
+        .arg(keys.dead());
+    if oldest {
+        pipe.cmd("ZRANGE")
+            .arg(keys.due())
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES");
+    }
+    conn.count(3 + u64::from(oldest));
+    let (queued, leased, dead, first) = if oldest {
+        let (q, l, d, first): (u64, u64, u64, Vec<(Vec<u8>, f64)>) =
+            pipe.query_async(&mut c).await?;
+        (q, l, d, first.first().map(|(_, s)| *s))
+    } else {
+        let (q, l, d): (u64, u64, u64) = pipe.query_async(&mut c).await?;
+        (q, l, d, None)
+    };
+    Ok((
+        QueueDepth {
+            queued,
+            leased,
+            dead,
+        },
+        first,
+    ))
 }

@@ -209,8 +209,12 @@ pub(super) async fn claim(
     shared.counters.claims.fetch_add(1, Relaxed);
     // A real claim's first element is its token, a number.
     let paused = reply.len() == 1 && reply[0] == b"paused";
-    metrics::gauge!("delaywheel_queue_paused", "namespace" => cfg.namespace.clone(), "shard" => shard.to_string())
-        .set(f64::from(u8::from(paused)));
+    metrics::gauge!(
+        "delaywheel_queue_paused",
+        "namespace" => cfg.namespace.clone(),
+        "shard" => shard.to_string()
+    )
+    .set(f64::from(u8::from(paused)));
     if paused {
         metrics::histogram!("delaywheel_queue_claim_batch").record(0.0);
         return Ok(Some(Took { n: 0, asked }));

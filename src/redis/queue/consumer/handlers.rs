@@ -48,6 +48,7 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
         return;
     }
     let busy = Busy::enter(shared);
+    let began = std::time::Instant::now();
     // The error is formatted and dropped inside the guard too: a user error type whose
     // `Display` or `Drop` panics must not end this call before the outcome is sent, which
     // would leave the task in `working`, its lease renewed and never settled.
@@ -64,7 +65,7 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
     drop(busy);
     #[cfg(feature = "tokio")]
     drop(slot);
-    let outcome = settle(shared, c, result);
+    let outcome = settle(shared, c, result, Some(began.elapsed()));
     // A handler thread, not the runtime: it may block while the resolver catches up. The
     // send fails only once the runtime is gone (abort), when nothing is written anyway.
     let _ = shared.outcomes.blocking_send(outcome);
@@ -114,13 +115,21 @@ fn start(shared: &Shared, c: &Claimed) -> bool {
 }
 
 /// What a handler's result makes of its task: an ack, a retry after the backoff, or a dead
-/// letter once the attempts are used up.
-fn settle(shared: &Shared, c: Claimed, result: Result<(), String>) -> Outcome {
+/// letter once the attempts are used up. Counted in the task's topic's metrics, with the
+/// handler's run time `took` (`None`: its future was dropped before it ended).
+fn settle(
+    shared: &Shared,
+    c: Claimed,
+    result: Result<(), String>,
+    took: Option<std::time::Duration>,
+) -> Outcome {
     let Claimed {
         shard,
         owner,
         mut envelope,
     } = c;
+    let topic = shared.by_topic.of(envelope.topic.as_ref());
+    topic.ran(took, result.is_ok());
     match result {
         Ok(()) => Outcome::Ack {
             shard,
@@ -134,6 +143,7 @@ fn settle(shared: &Shared, c: Claimed, result: Result<(), String>) -> Outcome {
             let retry = &shared.cfg.retry;
             if envelope.attempt >= retry.max_attempts {
                 tracing::warn!(id = %envelope.id, attempt = envelope.attempt, %reason, "task dead-lettered");
+                topic.dead_lettered();
                 let raw = serde_json::to_string(&envelope).unwrap_or_default();
                 Outcome::Dead {
                     shard,
@@ -152,6 +162,7 @@ fn settle(shared: &Shared, c: Claimed, result: Result<(), String>) -> Outcome {
                     .div_ceil(1_000)
                     .min(MAX_DUE_MS);
                 tracing::debug!(id = %envelope.id, attempt = envelope.attempt, ?wait, %reason, "task failed; retrying");
+                topic.retried();
                 Outcome::Retry {
                     shard,
                     due: envelope.due_at,
@@ -193,6 +204,7 @@ fn run_async(
         claimed: Some(c),
     };
     let job = async move {
+        let began = std::time::Instant::now();
         let result = match made {
             Ok(fut) => match AssertUnwindSafe(fut).catch_unwind().await {
                 // Formatted inside a guard, as for a thread handler.
@@ -212,7 +224,7 @@ fn run_async(
         let Some(c) = unsettled.claimed.take() else {
             return;
         };
-        let outcome = settle(&unsettled.shared, c, result);
+        let outcome = settle(&unsettled.shared, c, result, Some(began.elapsed()));
         // The channel closes only once the runtime of the consumer's loops is gone (abort),
         // when nothing is written anyway.
         if let Ok(permit) = permit {
@@ -244,7 +256,7 @@ impl Drop for Unsettled {
             return;
         }
         let why = "the handler's future was dropped before it ended (its runtime shut down)";
-        let outcome = settle(&self.shared, c, Err(why.into()));
+        let outcome = settle(&self.shared, c, Err(why.into()), None);
         if let Err(e) = self.shared.outcomes.try_send(outcome) {
             // No room: renewal stops, and the task comes back once its lease expires (only
             // this claim's entry: the id may have been claimed again since).

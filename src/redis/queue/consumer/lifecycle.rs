@@ -114,6 +114,10 @@ impl Consumer {
             shards,
             claim_from,
             conn,
+            by_topic: super::topic_metrics::ByTopic::register(
+                &cfg.namespace,
+                handlers.map.keys().map(String::as_str),
+            ),
             handlers,
             held: Mutex::new(HashMap::new()),
             working: Mutex::new(HashMap::new()),

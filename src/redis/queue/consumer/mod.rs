@@ -44,6 +44,7 @@ mod renewal;
 mod shared;
 mod stall;
 mod subscriber;
+mod topic_metrics;
 mod writes;
 
 pub use lifecycle::Consumer;

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::redis::queue::conn::sample_depth;
+use crate::redis::queue::conn::sample_shard;
 use crate::redis::queue::scripts;
+use crate::redis::wall_clock::now_ms;
 
 use super::shared::*;
 
@@ -87,13 +88,20 @@ pub(super) async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<boo
             metrics::gauge!("delaywheel_queue_commands_per_fired_task")
                 .set(shared.conn.commands.load(Relaxed) as f64 / fired as f64);
         }
-        if let Ok(d) = sample_depth(&shared.conn, keys).await {
-            let shard = shard.to_string();
-            metrics::gauge!("delaywheel_queue_depth", "shard" => shard.clone())
-                .set(d.queued as f64);
-            metrics::gauge!("delaywheel_queue_leased", "shard" => shard.clone())
-                .set(d.leased as f64);
-            metrics::gauge!("delaywheel_queue_dead", "shard" => shard).set(d.dead as f64);
+        if let Ok((d, oldest)) = sample_shard(&shared.conn, keys, true).await {
+            let labels = [
+                ("namespace", shared.cfg.namespace.clone()),
+                ("shard", shard.to_string()),
+            ];
+            metrics::gauge!("delaywheel_queue_depth", &labels).set(d.queued as f64);
+            metrics::gauge!("delaywheel_queue_leased", &labels).set(d.leased as f64);
+            metrics::gauge!("delaywheel_queue_dead", &labels).set(d.dead as f64);
+            // The age of the oldest due task no consumer has claimed: how late the queue runs.
+            let now = now_ms() as f64;
+            let late = oldest
+                .filter(|s| s.is_finite() && *s < now)
+                .map_or(0.0, |s| now - s);
+            metrics::gauge!("delaywheel_queue_latency_seconds", &labels).set(late / 1e3);
         }
     }
 }

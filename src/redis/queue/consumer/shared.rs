@@ -150,6 +150,8 @@ pub(super) struct Shared {
     pub(super) claim_from: Vec<u32>,
     pub(super) conn: Conn,
     pub(super) handlers: Handlers,
+    /// The metrics per topic, registered at start.
+    pub(super) by_topic: super::topic_metrics::ByTopic,
     pub(super) held: Mutex<HashMap<(u32, String), Held>>,
     /// Fired tasks whose outcome is not written yet, by owner: their leases are renewed.
     pub(super) working: Mutex<HashMap<(u32, String), Arc<str>>>,
