@@ -1,5 +1,5 @@
 # `make test` is what CI runs (.ci/run) on a fresh clone: it installs what the checks need
-# (rustfmt, clippy, redis-server, python3),
+# (rustfmt, clippy, redis-server, chromium, python3),
 # then checks the module graph of src/ (no import cycle, the layers), runs fmt --check,
 # clippy -D warnings, the whole test suite, and the smoke modes of the benches and examples.
 # Benchmarks proper are `make bench`; they never run in `make test`.
@@ -48,6 +48,11 @@ deps:
 	@# Dedup's SET NX GET and the tests' CLIENT PAUSE ... ALL need Redis 7.0 or later.
 	@v=$$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p'); \
 		[ "$${v:-0}" -ge 7 ] || { echo "redis-server $$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p') is too old: the tests need 7.0 or later"; exit 1; }
+	@# The dashboard test loads the page in a headless browser: Debian's chromium.
+	@{ command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ -n "$$CHROMIUM" ]; } || { \
+		echo "chromium missing (the dashboard test's headless browser): installing it with apt-get"; \
+		($(APT) update -qq && $(APT) install -y -qq chromium) || { \
+			echo "could not install chromium: install it (e.g. apt-get install chromium), or set CHROMIUM to a Chromium binary, and re-run"; exit 1; }; }
 	@# The module graph check (.ci/layers.py) is Python 3, standard library only.
 	@command -v python3 >/dev/null || { \
 		echo "python3 missing: installing it with apt-get"; \

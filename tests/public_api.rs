@@ -169,11 +169,13 @@ mod redis_feature {
     use delaywheel::redis::RetryPolicy;
     use delaywheel::redis::Row;
     use delaywheel::redis::Rows;
+    use delaywheel::redis::ShardStats;
     use delaywheel::redis::StoreError;
     use delaywheel::redis::TaskInfo;
     use delaywheel::redis::TaskPage;
     use delaywheel::redis::TaskState;
     use delaywheel::redis::TaskStore;
+    use delaywheel::redis::TopicCounts;
     use delaywheel::redis::WallClock;
     use delaywheel::redis::When;
     use delaywheel::redis::WhenFull;
@@ -221,15 +223,17 @@ mod redis_feature {
             RetryPolicy,
             Row,
             Rows,
+            ShardStats,
             StoreError,
             TaskInfo,
             TaskPage,
             TaskState,
+            TopicCounts,
             WallClock,
             When,
             WhenFull,
         ];
-        assert_eq!(names.len(), 44);
+        assert_eq!(names.len(), 46);
         assert_eq!(type_name::<redis::Envelope>(), type_name::<Envelope>());
         // An alias has no name of its own: it is the boxed error handlers return.
         assert_eq!(

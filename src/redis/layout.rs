@@ -14,6 +14,7 @@ pub struct KeyLayout {
     expired: String,
     unpaired: String,
     paused: String,
+    stats: String,
     kind: String,
     engine: String,
     takes: String,
@@ -102,6 +103,7 @@ impl KeyLayout {
             expired: format!("{{{ns}}}:expired"),
             unpaired: format!("{{{ns}}}:unpaired"),
             paused: format!("{{{ns}}}:paused"),
+            stats: format!("{{{ns}}}:stats"),
             kind: format!("{{{ns}}}:kind"),
             engine: format!("{{{ns}}}:engine"),
             takes: format!("{{{ns}}}:engine:takes"),
@@ -158,6 +160,14 @@ impl KeyLayout {
     /// [`Producer::pause`](super::Producer::pause)). Its value says who paused it and when.
     pub fn paused(&self) -> &str {
         &self.paused
+    }
+
+    /// The queue's HASH of outcome counts per topic (`topic|processed`, `topic|failed`,
+    /// `topic|retried`, `topic|dead_lettered`), which every consumer adds to every
+    /// `reaper_interval`; kept in the first shard's key set. For dashboards, which read Redis
+    /// (see [`Producer::topic_counts`](super::Producer::topic_counts)).
+    pub fn stats(&self) -> &str {
+        &self.stats
     }
 
     /// The queue's LIST of the last claim of consumer `consumer` (a consumer passes its id and

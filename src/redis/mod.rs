@@ -486,7 +486,7 @@ pub use persist::{
 pub use queue::{
     shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
     ListCursor, ListState, Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy,
-    TaskInfo, TaskPage, TaskState,
+    ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts,
 };
 pub use store_error::StoreError;
 pub use wall_clock::{now_ms, WallClock};

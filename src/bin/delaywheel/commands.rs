@@ -59,6 +59,11 @@ pub(crate) async fn run(p: &Producer, command: Command, json_out: bool) -> Exit 
             ),
             Err(e) => fail("resume failed", &e),
         },
+        // Served by `main` before it comes here.
+        Command::Dashboard { .. } => {
+            eprintln!("delaywheel: the dashboard runs on its own");
+            Exit::Failed
+        }
     }
 }
 

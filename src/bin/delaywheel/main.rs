@@ -7,6 +7,7 @@
 //! other kind, a refused requeue); 2 a usage error; 3 the id is not there.
 
 mod commands;
+mod dashboard;
 mod output;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -85,6 +86,17 @@ enum Command {
     Pause,
     /// Lifts a pause, and wakes every consumer at once.
     Resume,
+    /// Serves a read-only page of the queue (shards, topics, a chart of the last minutes,
+    /// the dead letters) that refreshes itself. It binds to loopback by default: to reach it
+    /// from elsewhere, put it behind a reverse proxy that authenticates (it has no login).
+    Dashboard {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8077")]
+        listen: std::net::SocketAddr,
+        /// Seconds between the page's refreshes.
+        #[arg(long, default_value_t = 2.0)]
+        refresh: f64,
+    },
 }
 
 /// The states `ls` lists.
@@ -143,6 +155,14 @@ async fn run(cli: Cli) -> Exit {
         }
         Err(e) => return fail("cannot open the queue", &e),
     };
+    if let Command::Dashboard { listen, refresh } = cli.command {
+        if !(0.1..=3600.0).contains(&refresh) {
+            eprintln!("delaywheel: --refresh must be between 0.1 and 3600 seconds");
+            return Exit::Failed;
+        }
+        let every = std::time::Duration::from_secs_f64(refresh);
+        return dashboard::serve(producer, &cli.namespace, listen, every).await;
+    }
     commands::run(&producer, cli.command, cli.json).await
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::redis::envelope::Envelope;
 use crate::redis::queue::config::QueueError;
+use crate::redis::queue::conn::sample_shard;
 use crate::redis::queue::dead_letters::parse_dead;
 use crate::redis::queue::producer::{HscanPage, Producer};
 use crate::redis::queue::scripts;
@@ -140,6 +141,41 @@ pub struct TaskPage {
     pub tasks: Vec<TaskInfo>,
     /// Where the next page starts; `None` at the end.
     pub next: Option<ListCursor>,
+}
+
+/// One topic's outcome counts, summed over every consumer of the queue since the queue's
+/// start, as [`Producer::topic_counts`] reads them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct TopicCounts {
+    /// The topic: one with a registered handler, or `unknown` for all others.
+    pub topic: String,
+    /// Handler runs that succeeded.
+    pub processed: u64,
+    /// Handler runs that failed.
+    pub failed: u64,
+    /// Failures put back with a backoff.
+    pub retried: u64,
+    /// Failures past `max_attempts`.
+    pub dead_lettered: u64,
+}
+
+/// One shard's figures, as [`Producer::shard_stats`] reads them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ShardStats {
+    /// The shard's index.
+    pub shard: u32,
+    /// Queued, claimed and dead-lettered tasks.
+    pub queued: u64,
+    /// Claimed tasks.
+    pub leased: u64,
+    /// Dead-lettered tasks.
+    pub dead: u64,
+    /// The age of its oldest due, unclaimed task (zero if none), by this host's wall clock.
+    pub latency: Duration,
+    /// Whether it is paused.
+    pub paused: bool,
 }
 
 /// Bytes as a string, lossily; scores and ids another client wrote need not be UTF-8.
@@ -408,6 +444,85 @@ impl Producer {
             skip,
         }));
         Ok(TaskPage { tasks, next })
+    }
+
+    /// Every topic's outcome counts, summed over every consumer since the queue's start,
+    /// sorted by topic. Each consumer adds its counts every `reaper_interval` (and at
+    /// shutdown), so they lag by up to that. Read with `HSCAN` (the hash holds four fields per
+    /// topic with a handler); an unreadable field is skipped.
+    pub async fn topic_counts(&self) -> Result<Vec<TopicCounts>, QueueError> {
+        let key = self.shards[0].stats();
+        let mut by_topic: std::collections::BTreeMap<String, TopicCounts> = Default::default();
+        let mut at = 0u64;
+        loop {
+            let mut conn = self.conn.conn.clone();
+            self.conn.count(1);
+            let (next, flat): HscanPage = redis::cmd("HSCAN")
+                .arg(key)
+                .arg(at)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await?;
+            for (field, value) in flat {
+                let field = text(&field);
+                let Some((topic, what)) = field.rsplit_once('|') else {
+                    continue;
+                };
+                let Some(n) = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok())
+                else {
+                    continue;
+                };
+                let t = by_topic
+                    .entry(topic.to_owned())
+                    .or_insert_with(|| TopicCounts {
+                        topic: topic.to_owned(),
+                        ..TopicCounts::default()
+                    });
+                match what {
+                    "processed" => t.processed = n,
+                    "failed" => t.failed = n,
+                    "retried" => t.retried = n,
+                    "dead_lettered" => t.dead_lettered = n,
+                    _ => {}
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            at = next;
+        }
+        Ok(by_topic.into_values().collect())
+    }
+
+    /// Every shard's depths, latency and pause, in shard order: one pipeline of five reads
+    /// per shard.
+    pub async fn shard_stats(&self) -> Result<Vec<ShardStats>, QueueError> {
+        let mut out = Vec::with_capacity(self.shards.len());
+        for (i, keys) in self.shards.iter().enumerate() {
+            let (depth, oldest) = sample_shard(&self.conn, keys, true).await?;
+            let mut conn = self.conn.conn.clone();
+            self.conn.count(1);
+            let paused: i64 = redis::cmd("EXISTS")
+                .arg(keys.paused())
+                .query_async(&mut conn)
+                .await?;
+            let now = now_ms();
+            let late = oldest
+                .filter(|s| s.is_finite() && *s >= 0.0 && (*s as u64) < now)
+                .map_or(0, |s| now - s as u64);
+            out.push(ShardStats {
+                shard: i as u32,
+                queued: depth.queued,
+                leased: depth.leased,
+                dead: depth.dead,
+                latency: Duration::from_millis(late),
+                paused: paused == 1,
+            });
+        }
+        Ok(out)
     }
 
     /// How late the queue runs: the age of the oldest task that is due and not claimed

@@ -34,5 +34,5 @@ pub use conn::QueueDepth;
 pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dead_letters::DeadTask;
 pub use dedup::{Begin, Claim, Dedup, DedupError};
-pub use inspect::{ListCursor, ListState, TaskInfo, TaskPage, TaskState};
+pub use inspect::{ListCursor, ListState, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts};
 pub use producer::Producer;

@@ -29,7 +29,12 @@ pub(super) async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<boo
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = stop.changed() => return,
+            _ = stop.changed() => {
+                if i == 0 {
+                    shared.by_topic.write(&shared.conn, shared.shards[0].stats()).await;
+                }
+                return;
+            }
         }
         let keys = &shared.shards[shard as usize];
         let mut inv = scripts::REAP.prepare_invoke();
@@ -83,6 +88,13 @@ pub(super) async fn reap_loop(shared: Arc<Shared>, mut stop: watch::Receiver<boo
             wrong_type(shard, &bad, None);
         }
         sweep_step(&shared, shard, &mut sweep).await;
+        if i == 0 {
+            // One reaper per consumer writes its topic counts, to the first shard's key set.
+            shared
+                .by_topic
+                .write(&shared.conn, shared.shards[0].stats())
+                .await;
+        }
         let fired = shared.counters.fired.load(Relaxed);
         if fired > 0 {
             metrics::gauge!("delaywheel_queue_commands_per_fired_task")

@@ -3,6 +3,7 @@
 //! set is bounded and counting an outcome allocates nothing.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram};
@@ -10,13 +11,16 @@ use metrics::{Counter, Histogram};
 /// The label of every topic no handler is registered for.
 pub(super) const UNKNOWN_TOPIC: &str = "unknown";
 
-/// One topic's series.
+/// One topic's series, and the same counts since they were last written to Redis's `stats`
+/// hash (for dashboards, which read Redis, not this process).
 pub(super) struct TopicMetrics {
     processed: Counter,
     failed: Counter,
     retried: Counter,
     dead_lettered: Counter,
     duration: Histogram,
+    /// processed, failed, retried, dead-lettered, not yet written to Redis.
+    unwritten: [AtomicU64; 4],
 }
 
 impl TopicMetrics {
@@ -31,6 +35,7 @@ impl TopicMetrics {
             retried: metrics::counter!("delaywheel_queue_retried_total", &labels),
             dead_lettered: metrics::counter!("delaywheel_queue_dead_lettered_total", &labels),
             duration: metrics::histogram!("delaywheel_queue_handler_duration_seconds", &labels),
+            unwritten: Default::default(),
         }
     }
 
@@ -42,17 +47,33 @@ impl TopicMetrics {
         }
         if ok {
             self.processed.increment(1);
+            self.unwritten[0].fetch_add(1, Relaxed);
         } else {
             self.failed.increment(1);
+            self.unwritten[1].fetch_add(1, Relaxed);
         }
     }
 
     pub(super) fn retried(&self) {
         self.retried.increment(1);
+        self.unwritten[2].fetch_add(1, Relaxed);
     }
 
     pub(super) fn dead_lettered(&self) {
         self.dead_lettered.increment(1);
+        self.unwritten[3].fetch_add(1, Relaxed);
+    }
+
+    /// The counts since the last call, taken (zeroed).
+    fn take(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.unwritten[i].swap(0, Relaxed))
+    }
+
+    /// Gives back counts that could not be written.
+    fn put_back(&self, counts: [u64; 4]) {
+        for (i, n) in counts.into_iter().enumerate() {
+            self.unwritten[i].fetch_add(n, Relaxed);
+        }
     }
 }
 
@@ -79,5 +100,47 @@ impl ByTopic {
     /// The series of `topic`, or the `unknown` ones.
     pub(super) fn of(&self, topic: &str) -> &TopicMetrics {
         self.known.get(topic).unwrap_or(&self.unknown)
+    }
+
+    fn all(&self) -> impl Iterator<Item = (&str, &TopicMetrics)> {
+        self.known
+            .iter()
+            .map(|(t, m)| (t.as_str(), m))
+            .chain(std::iter::once((UNKNOWN_TOPIC, &self.unknown)))
+    }
+
+    /// Adds the counts since the last call to the queue's `stats` hash (`topic|processed`,
+    /// `topic|failed`, `topic|retried`, `topic|dead_lettered`): one pipeline of an `HINCRBY` per
+    /// count that moved, none if nothing moved. Counts that could not be written are kept for
+    /// the next call.
+    pub(super) async fn write(&self, conn: &crate::redis::queue::conn::Conn, key: &str) {
+        const FIELDS: [&str; 4] = ["processed", "failed", "retried", "dead_lettered"];
+        let taken: Vec<(&str, &TopicMetrics, [u64; 4])> =
+            self.all().map(|(t, m)| (t, m, m.take())).collect();
+        let mut pipe = redis::pipe();
+        let mut n = 0;
+        for (topic, _, counts) in &taken {
+            for (field, count) in FIELDS.iter().zip(counts) {
+                if *count > 0 {
+                    pipe.cmd("HINCRBY")
+                        .arg(key)
+                        .arg(format!("{topic}|{field}"))
+                        .arg(*count)
+                        .ignore();
+                    n += 1;
+                }
+            }
+        }
+        if n == 0 {
+            return;
+        }
+        conn.count(n);
+        let mut c = conn.conn.clone();
+        if let Err(e) = pipe.query_async::<()>(&mut c).await {
+            tracing::debug!(error = %e, "could not write the topic counts; kept for the next round");
+            for (_, m, counts) in taken {
+                m.put_back(counts);
+            }
+        }
     }
 }

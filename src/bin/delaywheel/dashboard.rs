@@ -1,0 +1,146 @@
+//! `delaywheel dashboard`: a read-only page of the queue, served on loopback by hyper. One
+//! HTML page (`dashboard.html`, no build step) that polls `/api/stats` every `--refresh`
+//! seconds; every figure it shows comes from Redis, so it shows the whole fleet.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use delaywheel::redis::{now_ms, ListCursor, ListState, Producer, QueueError, TaskState};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+
+use crate::{fail, Exit};
+
+const PAGE: &str = include_str!("dashboard.html");
+
+/// Dead letters the page lists, at most.
+const DEAD_SHOWN: usize = 20;
+
+/// The page's data: per shard, per topic, and the first dead letters.
+async fn stats(
+    p: &Producer,
+    namespace: &str,
+    refresh: Duration,
+) -> Result<serde_json::Value, QueueError> {
+    let shards = p.shard_stats().await?;
+    let topics = p.topic_counts().await?;
+    let dead = p
+        .list(ListState::Dead, &ListCursor::START, DEAD_SHOWN)
+        .await?;
+    Ok(json!({
+        "namespace": namespace,
+        "at_ms": now_ms(),
+        "refresh_ms": refresh.as_millis() as u64,
+        "paused": shards.iter().any(|s| s.paused),
+        "shards": shards.iter().map(|s| json!({
+            "shard": s.shard,
+            "queued": s.queued,
+            "leased": s.leased,
+            "dead": s.dead,
+            "latency_ms": s.latency.as_millis() as u64,
+            "paused": s.paused,
+        })).collect::<Vec<_>>(),
+        "topics": topics.iter().map(|t| json!({
+            "topic": t.topic,
+            "processed": t.processed,
+            "failed": t.failed,
+            "retried": t.retried,
+            "dead_lettered": t.dead_lettered,
+        })).collect::<Vec<_>>(),
+        "dead": dead.tasks.iter().take(DEAD_SHOWN).map(|t| {
+            let (reason, at) = match &t.state {
+                TaskState::Dead { reason, at } => (reason.clone(), *at),
+                _ => (String::new(), 0),
+            };
+            json!({
+                "id": t.id,
+                "reason": reason,
+                "at_ms": at,
+                "attempt": t.attempt,
+                "topic": t.envelope.as_ref().map(|e| e.topic.to_string()),
+            })
+        }).collect::<Vec<_>>(),
+    }))
+}
+
+fn respond(status: StatusCode, kind: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    if let Ok(v) = kind.parse() {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    if let Ok(v) = "no-store".parse() {
+        r.headers_mut().insert(hyper::header::CACHE_CONTROL, v);
+    }
+    r
+}
+
+async fn route(
+    req: Request<Incoming>,
+    p: Arc<Producer>,
+    namespace: Arc<str>,
+    refresh: Duration,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET {
+        return Ok(respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "read-only\n",
+        ));
+    }
+    Ok(match req.uri().path() {
+        "/" => respond(StatusCode::OK, "text/html; charset=utf-8", PAGE),
+        "/api/stats" => match stats(&p, &namespace, refresh).await {
+            Ok(v) => respond(StatusCode::OK, "application/json", v.to_string()),
+            Err(e) => respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "application/json",
+                json!({ "error": e.to_string() }).to_string(),
+            ),
+        },
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    })
+}
+
+/// Serves the dashboard on `listen` until the process is stopped.
+pub(crate) async fn serve(
+    p: Producer,
+    namespace: &str,
+    listen: SocketAddr,
+    refresh: Duration,
+) -> Exit {
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(l) => l,
+        Err(e) => return fail(&format!("cannot listen on {listen}"), &e),
+    };
+    let addr = listener.local_addr().unwrap_or(listen);
+    println!("dashboard of {namespace:?} at http://{addr}/ (read-only; Ctrl-C stops it)");
+    let (p, namespace) = (Arc::new(p), Arc::<str>::from(namespace));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing_warn(&e);
+                continue;
+            }
+        };
+        let (p, namespace) = (p.clone(), namespace.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                route(req, p.clone(), namespace.clone(), refresh)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn tracing_warn(e: &std::io::Error) {
+    eprintln!("delaywheel: accept failed: {e}");
+}
