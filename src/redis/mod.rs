@@ -414,6 +414,12 @@
 //!   outage), and a failed snapshot is retried on a backoff of its own (20 ms doubling to
 //!   10 s) with journal rounds in between. Callers waiting in `flush` or a `WriteThrough`
 //!   `schedule` do not cut the backoff short: after Redis comes back they wait up to 1 s.
+//! * **Queue, pausing and inspecting.** [`Producer::pause`] pauses the whole queue (every
+//!   shard), not one topic: the claim script would have to step over a paused topic's tasks
+//!   without scanning, which needs an index per topic. Tasks claimed before a pause fire (at
+//!   most those due within `lookahead`). Depths and latency are per shard; per topic there are
+//!   only outcome counts ([`Producer::topic_counts`]), written by each consumer every
+//!   `reaper_interval`.
 //! * **Queue, clocks.** A task fires when the consumer's wall clock reaches its due time,
 //!   which the producer's clock set: a consumer whose clock runs ahead fires early by the
 //!   difference. Leases run on Redis's clock. Keep the hosts on NTP.
