@@ -54,7 +54,7 @@ crate::redis   !-> crate::http
 # neither role.
 crate::redis::persist !-> crate::redis::queue
 crate::redis::queue   !-> crate::redis::persist
-crate::redis::{link,layout,envelope,wall_clock,blocking,store_error,when,payload} !-> crate::redis::persist crate::redis::queue
+crate::redis::{link,layout,envelope,wall_clock,blocking,store_error,when,payload,trace_context} !-> crate::redis::persist crate::redis::queue
 
 """
 

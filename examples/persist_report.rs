@@ -150,6 +150,7 @@ fn raw_stream(ids: &[String], payload: &serde_json::Value, far: u64) -> Vec<u8> 
                 payload: payload.clone(),
                 attempt: 0,
                 created_at: now_ms(),
+                headers: Default::default(),
                 due_at,
             };
             zadd.push(due_at.to_string().into_bytes());

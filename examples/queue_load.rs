@@ -201,6 +201,7 @@ async fn produce(producer: &Producer, tasks: &Tasks, batch: bool) {
                 payload: serde_json::Value::Null,
                 attempt: 0,
                 created_at: created,
+                headers: Default::default(),
                 due_at: tasks.due[k] / 1_000,
             });
             let results = producer.enqueue_many(envelopes, false).await;
@@ -449,6 +450,7 @@ fn backlog(url: &str, n: usize, json: bool) {
         payload: serde_json::json!({ "order_id": k }),
         attempt: 0,
         created_at: due - 60_000,
+        headers: Default::default(),
         due_at: due,
     });
     for r in rt.block_on(producer.enqueue_many(envelopes, false)) {

@@ -60,6 +60,7 @@ fn stored_tasks(server: &RedisServer, ns: &str, n: u64, due: u64) -> Vec<String>
                 payload: serde_json::json!({ "i": i }),
                 attempt: 0,
                 created_at: due,
+                headers: Default::default(),
                 due_at: due + i / 10,
             };
             zadd.arg(envelope.due_at).arg(id);

@@ -145,6 +145,7 @@ mod redis_feature {
     use delaywheel::redis::EnvelopeError;
     use delaywheel::redis::HandlerError;
     use delaywheel::redis::Handlers;
+    use delaywheel::redis::Headers;
     use delaywheel::redis::IntoPayload;
     use delaywheel::redis::KeyLayout;
     use delaywheel::redis::Lease;
@@ -235,7 +236,12 @@ mod redis_feature {
         ];
         assert_eq!(names.len(), 46);
         assert_eq!(type_name::<redis::Envelope>(), type_name::<Envelope>());
-        // An alias has no name of its own: it is the boxed error handlers return.
+        // An alias has no name of its own: the headers are a map of strings,
+        assert_eq!(
+            type_name::<Headers>(),
+            type_name::<std::collections::BTreeMap<String, String>>()
+        );
+        // and the handlers' error the boxed error they return.
         assert_eq!(
             type_name::<HandlerError>(),
             type_name::<Box<dyn std::error::Error + Send + Sync>>()

@@ -693,6 +693,7 @@ fn an_attempt_count_at_its_maximum_is_dead_lettered() {
         payload: serde_json::Value::Null,
         attempt: u32::MAX,
         created_at: now_ms(),
+        headers: Default::default(),
         due_at: now_ms(),
     };
     assert!(rt.block_on(p.enqueue_envelope(envelope, false)).unwrap());
@@ -930,6 +931,7 @@ fn an_enqueue_redis_fails_hands_the_envelope_back() {
         payload: serde_json::json!({"amount": 42}),
         attempt: 0,
         created_at: now_ms(),
+        headers: Default::default(),
         due_at: now_ms() + 1_000,
     };
     match rt.block_on(p.enqueue_envelope(envelope.clone(), false)) {
@@ -1339,6 +1341,7 @@ fn replace_swaps_a_pending_task_and_a_claimed_copy_can_no_longer_ack() {
         payload,
         attempt: 0,
         created_at: now_ms(),
+        headers: Default::default(),
         due_at,
     };
     // Claimed (due within the lookahead), then replaced. The new version fires once. The
@@ -2259,6 +2262,7 @@ fn dead_letters_lists_up_to_the_limit_from_a_large_hash() {
         payload: serde_json::Value::Null,
         attempt: 5,
         created_at: 1,
+        headers: Default::default(),
         due_at: 1,
     };
     let record = serde_json::json!({
@@ -2305,6 +2309,7 @@ fn a_reclaimed_id_fires_once_with_its_newest_version() {
         payload: serde_json::json!(payload),
         attempt: 0,
         created_at: now_ms(),
+        headers: Default::default(),
         due_at,
     };
     let due = now_ms() + 3_000;

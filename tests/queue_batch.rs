@@ -21,6 +21,7 @@ fn envelope(id: &str, due_at: u64) -> Envelope {
         payload: serde_json::json!({ "id": id }),
         attempt: 0,
         created_at: now_ms(),
+        headers: Default::default(),
         due_at,
     }
 }

@@ -700,6 +700,7 @@ fn restore_fires_overdue_tasks_no_faster_than_the_rate_limit() {
                     payload: serde_json::Value::Null,
                     attempt: 0,
                     created_at: past,
+                    headers: Default::default(),
                     due_at: past + i,
                 };
                 delaywheel::redis::Op::Upsert {

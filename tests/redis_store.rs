@@ -17,6 +17,7 @@ fn envelope(id: &str, due_at: u64) -> Envelope {
         payload: serde_json::json!({ "order": id }),
         attempt: 0,
         created_at: 1_700_000_000_000,
+        headers: Default::default(),
         due_at,
     }
 }

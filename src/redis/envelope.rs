@@ -21,8 +21,8 @@ pub const MAX_PAYLOAD_DEPTH: usize = 126;
 /// Stored as a JSON object. Another client writing envelopes (a producer in another language)
 /// must give `id`, `topic`, `payload` (`null` is a value) and `due_at`; `attempt` may be left
 /// out (0, a task not yet tried) and so may `created_at` (or `null`: the due time stands in).
-/// Fields that are not the envelope's are ignored. [`encode`](Self::encode) always writes all
-/// six, `due_at` last.
+/// Fields that are not the envelope's are ignored. [`encode`](Self::encode) always writes the
+/// six others, `headers` only when there are any, and `due_at` last.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(from = "StoredEnvelope")]
 pub struct Envelope {
@@ -39,9 +39,17 @@ pub struct Envelope {
     /// coarse real-time clock on Linux, which is about a kernel tick (1 to 10 ms) behind. A
     /// stored envelope without it reads as created at its `due_at`.
     pub created_at: u64,
+    /// Headers carried from the producer to the handler, such as a W3C `traceparent` (with
+    /// feature `otel`, the producer's trace context is put here, and the handler's span is its
+    /// child). Usually empty, and then not stored.
+    #[serde(default, skip_serializing_if = "Headers::is_empty")]
+    pub headers: Headers,
     /// When it is due.
     pub due_at: u64,
 }
+
+/// An envelope's headers: names to values, in name order.
+pub type Headers = std::collections::BTreeMap<String, String>;
 
 /// An envelope as stored, read with the defaults of the fields another client may leave out:
 /// `attempt` 0, `created_at` the due time.
@@ -54,6 +62,8 @@ struct StoredEnvelope {
     attempt: u32,
     #[serde(default)]
     created_at: Option<u64>,
+    #[serde(default)]
+    headers: Headers,
     due_at: u64,
 }
 
@@ -65,6 +75,7 @@ impl From<StoredEnvelope> for Envelope {
             payload: e.payload,
             attempt: e.attempt,
             created_at: e.created_at.unwrap_or(e.due_at),
+            headers: e.headers,
             due_at: e.due_at,
         }
     }
@@ -176,6 +187,7 @@ impl Envelope {
                 payload: serde_json::Value::Null,
                 attempt: 0,
                 created_at: 0,
+                headers: Default::default(),
                 due_at: 0,
             };
             // A fixed, encodable value: cannot fail; a generous guess if it ever did.
@@ -187,6 +199,16 @@ impl Envelope {
             string_bound(&self.topic),
             json_bound(&self.payload),
             3 * U64_MAX_DIGITS,
+            // `"headers":{` and `}`, then `"name":"value",` for each.
+            if self.headers.is_empty() { 0 } else { 13 },
+            self.headers
+                .iter()
+                .map(|(k, v)| {
+                    string_bound(k)
+                        .saturating_add(string_bound(v))
+                        .saturating_add(2)
+                })
+                .fold(0, usize::saturating_add),
         ]
         .into_iter()
         .fold(0, usize::saturating_add)
@@ -350,7 +372,7 @@ mod tests {
             created_at: u64,
             due_at in 0..=MAX_DUE_MS,
         ) {
-            let e = Envelope { id, topic: topic.into(), payload, attempt, created_at, due_at };
+            let e = Envelope { id, topic: topic.into(), payload, attempt, created_at, headers: Headers::new(), due_at };
             // The payload's own bound, without the envelope's slack.
             let payload = serde_json::to_vec(&e.payload).unwrap().len();
             prop_assert!(json_bound(&e.payload) >= payload);
@@ -404,6 +426,7 @@ mod tests {
             payload: nested(MAX_PAYLOAD_DEPTH, Value::from("x")),
             attempt: 0,
             created_at: 0,
+            headers: Default::default(),
             due_at: 0,
         };
         let bytes = e.encode(usize::MAX).unwrap();
@@ -430,6 +453,7 @@ mod tests {
             payload: nested(200_000, Value::Null),
             attempt: 0,
             created_at: 0,
+            headers: Default::default(),
             due_at: 0,
         };
         assert_eq!(
@@ -463,6 +487,7 @@ mod tests {
                 payload: serde_json::json!({"x": 1}),
                 attempt: 0,
                 created_at: 7,
+                headers: Default::default(),
                 due_at: 7,
             }
         );
@@ -492,6 +517,7 @@ mod tests {
             payload: Value::Null,
             attempt: 0,
             created_at: 0,
+            headers: Default::default(),
             due_at: 0,
         };
         assert_eq!(e.fits(1 << 20), Err(EnvelopeError::EmptyId));

@@ -476,10 +476,11 @@ mod payload;
 mod persist;
 mod queue;
 mod store_error;
+mod trace_context;
 mod wall_clock;
 mod when;
 
-pub use envelope::{Envelope, EnvelopeError, MAX_DUE_MS, MAX_PAYLOAD_DEPTH};
+pub use envelope::{Envelope, EnvelopeError, Headers, MAX_DUE_MS, MAX_PAYLOAD_DEPTH};
 pub use layout::{KeyLayout, NamespaceError, NamespaceInUse};
 pub use payload::{IntoPayload, PayloadError};
 #[cfg(feature = "futures")]

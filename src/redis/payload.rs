@@ -87,14 +87,17 @@ pub(crate) fn new_task(
         Ok(v) => (v, None),
         Err(e) => (serde_json::Value::Null, Some(e)),
     };
-    let envelope = Envelope {
+    let mut envelope = Envelope {
         id,
         topic,
         payload,
         attempt: 0,
         created_at,
+        headers: Default::default(),
         due_at,
     };
+    // With feature `otel`, the trace context of the span scheduling it.
+    crate::redis::trace_context::inject_current(&mut envelope.headers);
     match encode_error {
         None => Ok(envelope),
         Some(e) => Err((EnvelopeError::Encode(e.to_string()), Box::new(envelope))),
@@ -117,6 +120,7 @@ impl Envelope {
     ///     payload: serde_json::json!({ "order_id": 42 }),
     ///     attempt: 0,
     ///     created_at: 0,
+    ///     headers: Default::default(),
     ///     due_at: 0,
     /// };
     /// assert_eq!(task.payload_as::<CloseOrder>().unwrap(), CloseOrder { order_id: 42 });

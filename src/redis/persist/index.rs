@@ -40,6 +40,7 @@ impl TaskKey {
             payload: serde_json::Value::Null,
             attempt: 0,
             created_at: 0,
+            headers: Default::default(),
             due_at: 0,
         }))
     }

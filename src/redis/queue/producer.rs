@@ -176,6 +176,7 @@ impl Producer {
     ///     payload: serde_json::json!({ "order_id": i }),
     ///     attempt: 0,
     ///     created_at: now_ms(),
+    ///     headers: Default::default(),
     ///     due_at: due,
     /// });
     /// let results = producer.enqueue_many(tasks, false).await;

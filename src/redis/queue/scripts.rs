@@ -893,6 +893,7 @@ mod tests {
             payload: serde_json::json!({"due_at": 7}),
             attempt: 0,
             created_at: 0,
+            headers: Default::default(),
             due_at: past as u64,
         }
         .encode(usize::MAX)

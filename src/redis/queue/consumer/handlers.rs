@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::redis::envelope::MAX_DUE_MS;
 use crate::redis::queue::dead_letters::dead_record;
+use crate::redis::trace_context::task_span;
 use crate::redis::wall_clock::micros_since;
 
 use super::registry::Handler;
@@ -48,6 +49,8 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
         return;
     }
     let busy = Busy::enter(shared);
+    let span = task_span(&c.envelope);
+    let _in_span = span.enter();
     let began = std::time::Instant::now();
     // The error is formatted and dropped inside the guard too: a user error type whose
     // `Display` or `Drop` panics must not end this call before the outcome is sent, which
@@ -195,8 +198,10 @@ fn run_async(
     // The call that makes the future may panic too. It runs inside the handler runtime's
     // context, so that a closure that builds a tokio future eagerly (`tokio::time::timeout`
     // at the call) finds its runtime.
+    let span = task_span(&c.envelope);
     let made = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let _context = pool.handle.enter();
+        let _in_span = span.enter();
         handler(c.envelope.clone())
     }));
     let mut unsettled = Unsettled {
@@ -231,7 +236,7 @@ fn run_async(
             permit.send(outcome);
         }
     };
-    if !pool.spawn(back, job) {
+    if !pool.spawn(back, tracing::Instrument::instrument(job, span)) {
         tracing::error!("the runtime of the async handlers has shut down: a fired task fails");
     }
 }
