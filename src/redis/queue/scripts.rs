@@ -233,6 +233,7 @@ mod tests {
             .key(k.batch("c"))
             .key(k.expired())
             .key(k.unpaired())
+            .key(k.paused())
             .arg(i64::MAX)
             .arg(batch)
             .arg("c")
@@ -344,6 +345,49 @@ mod tests {
     /// A claim called again with its nonce (its reply was lost) answers the same batch, as
     /// far as it is still leased under the claim's token, and claims nothing new; a new
     /// nonce claims anew. The kept batch expires with the claim's leases.
+    /// A paused shard leases nothing and says so, while a claim retried by its nonce is still
+    /// answered (its tasks were leased before the pause); lifting the pause claims again.
+    #[test]
+    fn a_paused_shard_leases_nothing_but_answers_a_retried_claim() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("paused").unwrap();
+        let envelope = |id: &str| {
+            format!(
+                r#"{{"id":"{id}","topic":"t","payload":null,"attempt":0,"created_at":0,"due_at":0}}"#
+            )
+        };
+        for id in ["a", "b"] {
+            redis::pipe()
+                .zadd(k.due(), id, 0)
+                .hset(k.tasks(), id, envelope(id))
+                .query::<()>(&mut conn)
+                .unwrap();
+        }
+        let first = claim_with_nonce(&mut conn, &k, 60_000, 1, "kept").unwrap();
+        assert_eq!(first.len(), 4, "{first:?}");
+        redis::cmd("SET")
+            .arg(k.paused())
+            .arg("by test")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(
+            claim_reply(&mut conn, &k, 60_000),
+            vec!["paused".to_string()]
+        );
+        let queued: u64 = redis::cmd("ZCARD").arg(k.due()).query(&mut conn).unwrap();
+        assert_eq!(queued, 1, "a paused claim leased");
+        let again = claim_with_nonce(&mut conn, &k, 60_000, 1, "kept").unwrap();
+        assert_eq!(
+            again, first,
+            "a retried claim was not answered while paused"
+        );
+        redis::cmd("DEL")
+            .arg(k.paused())
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(claim_reply(&mut conn, &k, 60_000).len(), 4);
+    }
+
     #[test]
     fn a_claim_retried_with_its_nonce_answers_its_batch_again() {
         let (_server, mut conn) = redis();
