@@ -369,6 +369,15 @@ pub enum QueueError {
     /// No queue has used this namespace (or shard key set, `ns:i`): its kind key is missing.
     /// From [`Producer::connect_existing`](crate::redis::Producer::connect_existing).
     UnknownNamespace(String),
+    /// [`Producer::reschedule`](crate::redis::Producer::reschedule) was asked for a time past
+    /// [`MAX_DUE_MS`](crate::redis::MAX_DUE_MS): the id and that time, handed back. Nothing
+    /// changed.
+    DueTooLate {
+        /// The task id.
+        id: String,
+        /// The due time asked for, ms since the epoch.
+        due: u64,
+    },
 }
 
 impl fmt::Display for QueueError {
@@ -396,6 +405,9 @@ impl fmt::Display for QueueError {
                     f,
                     "no queue has used namespace {ns:?} (its kind key is missing)"
                 )
+            }
+            QueueError::DueTooLate { id, due } => {
+                write!(f, "task {id:?} cannot be due at {due} ms: past MAX_DUE_MS")
             }
         }
     }

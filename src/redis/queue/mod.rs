@@ -27,6 +27,7 @@ pub(crate) mod dedup;
 pub(crate) mod inspect;
 pub(crate) mod pause;
 pub(crate) mod producer;
+pub(crate) mod reschedule;
 pub(crate) mod scripts;
 
 pub use config::{shard_of, Backoff, QueueConfig, QueueError, RetryPolicy};

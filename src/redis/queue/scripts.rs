@@ -99,6 +99,10 @@ pub(crate) static INSPECT: LazyLock<Script> =
 pub(crate) static INSPECT_PAGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/inspect_page.lua")));
 
+/// `lua/reschedule.lua`: its header gives its keys, arguments and reply.
+pub(crate) static RESCHEDULE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/reschedule.lua")));
+
 /// `lua/resume.lua`: its header gives its keys, arguments and reply.
 pub(crate) static RESUME: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/resume.lua")));
