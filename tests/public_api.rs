@@ -166,6 +166,7 @@ mod redis_feature {
     use delaywheel::redis::QueueError;
     use delaywheel::redis::QueueStats;
     use delaywheel::redis::RedisStore;
+    use delaywheel::redis::Rescheduled;
     use delaywheel::redis::RestoreReport;
     use delaywheel::redis::RetryPolicy;
     use delaywheel::redis::Row;
@@ -220,6 +221,7 @@ mod redis_feature {
             QueueError,
             QueueStats,
             RedisStore,
+            Rescheduled,
             RestoreReport,
             RetryPolicy,
             Row,
@@ -234,7 +236,7 @@ mod redis_feature {
             When,
             WhenFull,
         ];
-        assert_eq!(names.len(), 46);
+        assert_eq!(names.len(), 47);
         assert_eq!(type_name::<redis::Envelope>(), type_name::<Envelope>());
         // An alias has no name of its own: the headers are a map of strings,
         assert_eq!(

@@ -10,7 +10,9 @@ mod redis_server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use delaywheel::redis::{now_ms, Consumer, QueueError, TaskState, When, MAX_DUE_MS};
+use delaywheel::redis::{
+    now_ms, Consumer, QueueError, Rescheduled, RetryPolicy, TaskState, When, MAX_DUE_MS,
+};
 use queue_kit::*;
 
 #[test]
@@ -36,14 +38,14 @@ fn a_rescheduled_task_fires_at_its_new_time_and_a_promoted_one_at_once() {
     );
     let later_at = now + 1_500;
     let sooner_at = now + 400;
-    assert!(rt
-        .block_on(p.reschedule("later", When::AtMs(later_at)))
-        .unwrap());
-    assert!(rt
-        .block_on(p.reschedule("sooner", When::AtMs(sooner_at)))
-        .unwrap());
+    let moved = |id: &str, at: u64| rt.block_on(p.reschedule(id, When::AtMs(at))).unwrap();
+    assert_eq!(moved("later", later_at), Rescheduled::Queued);
+    assert_eq!(moved("sooner", sooner_at), Rescheduled::Queued);
     let promoted_at = now_ms();
-    assert!(rt.block_on(p.promote("promoted")).unwrap());
+    assert_eq!(
+        rt.block_on(p.promote("promoted")).unwrap(),
+        Rescheduled::Queued
+    );
     // The envelope follows its score.
     let t = rt.block_on(p.get("later")).unwrap().unwrap();
     assert_eq!(
@@ -70,28 +72,57 @@ fn a_rescheduled_task_fires_at_its_new_time_and_a_promoted_one_at_once() {
 }
 
 #[test]
-fn only_a_queued_task_can_be_rescheduled() {
+fn a_claimed_task_is_taken_back_as_replace_does_and_dead_or_unknown_ones_are_left() {
     let Fixture {
         server: _s,
         rt,
         cfg,
         p,
-    } = fixture("resched-no", |cfg| {
+    } = fixture("resched-states", |cfg| {
         cfg.lookahead = Duration::from_secs(60);
+        cfg.retry = RetryPolicy {
+            max_attempts: 1,
+            ..cfg.retry
+        };
     });
-    assert!(!rt
-        .block_on(p.reschedule("unknown", When::AtMs(now_ms())))
-        .unwrap());
-    assert!(!rt.block_on(p.promote("unknown")).unwrap());
-    // Claimed (a minute ahead): refused, and left leased.
-    let c = Consumer::start(cfg.clone(), recorder(&Fired::default(), 0, "job")).unwrap();
-    claimed_by(&rt, &p, &c, "held", 1, now_ms() + 30_000);
-    assert!(!rt
-        .block_on(p.reschedule("held0", When::AtMs(now_ms())))
-        .unwrap());
+    assert_eq!(
+        rt.block_on(p.reschedule("unknown", When::AtMs(now_ms())))
+            .unwrap(),
+        Rescheduled::NotFound
+    );
+    assert_eq!(
+        rt.block_on(p.promote("unknown")).unwrap(),
+        Rescheduled::NotFound
+    );
+    // Claimed a minute ahead by a consumer that is then stopped without handing it back
+    // (`abort`, as a crash): promoted, it is queued again and fires on another consumer now.
+    let first = Consumer::start(cfg.clone(), recorder(&Fired::default(), 0, "job")).unwrap();
+    claimed_by(&rt, &p, &first, "held", 1, now_ms() + 30_000);
+    first.abort();
+    let promoted_at = now_ms();
+    assert_eq!(
+        rt.block_on(p.promote("held0")).unwrap(),
+        Rescheduled::Leased
+    );
+    let t = rt.block_on(p.get("held0")).unwrap().unwrap();
+    assert_eq!(t.state, TaskState::Scheduled);
+    let fired: Fired = Arc::default();
+    let second = Consumer::start(cfg.clone(), recorder(&fired, 1, "job")).unwrap();
+    wait_until("the promoted task", || fired.lock().contains_key("held0"));
+    let at = fired.lock()["held0"][0].1 / 1_000;
+    assert!(
+        at >= promoted_at && at < promoted_at + 5_000,
+        "fired at {at}, promoted at {promoted_at}"
+    );
+    // Dead-lettered: left as it is.
+    enqueue_all(&rt, &p, "nobody", vec![("dead0".into(), now_ms())]);
+    wait_until("the dead letter", || {
+        rt.block_on(p.depth()).unwrap().dead == 1
+    });
+    assert_eq!(rt.block_on(p.promote("dead0")).unwrap(), Rescheduled::Dead);
     assert!(matches!(
-        rt.block_on(p.get("held0")).unwrap().unwrap().state,
-        TaskState::Leased { .. }
+        rt.block_on(p.get("dead0")).unwrap().unwrap().state,
+        TaskState::Dead { .. }
     ));
     // A time past what a score holds: refused with the id and the time handed back.
     enqueue_all(&rt, &p, "job", vec![("far".into(), now_ms() + 40_000_000)]);
@@ -101,5 +132,5 @@ fn only_a_queued_task_can_be_rescheduled() {
         }
         other => panic!("{other:?}"),
     }
-    c.shutdown(Duration::from_secs(5)).unwrap();
+    second.shutdown(Duration::from_secs(5)).unwrap();
 }

@@ -492,8 +492,8 @@ pub use persist::{
 };
 pub use queue::{
     shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
-    ListCursor, ListState, Producer, QueueConfig, QueueDepth, QueueError, QueueStats, RetryPolicy,
-    ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts,
+    ListCursor, ListState, Producer, QueueConfig, QueueDepth, QueueError, QueueStats, Rescheduled,
+    RetryPolicy, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts,
 };
 pub use store_error::StoreError;
 pub use wall_clock::{now_ms, WallClock};

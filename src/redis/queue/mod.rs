@@ -37,3 +37,4 @@ pub use dead_letters::DeadTask;
 pub use dedup::{Begin, Claim, Dedup, DedupError};
 pub use inspect::{ListCursor, ListState, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts};
 pub use producer::Producer;
+pub use reschedule::Rescheduled;
