@@ -178,12 +178,14 @@ mod redis_feature {
     use delaywheel::redis::TaskState;
     use delaywheel::redis::TaskStore;
     use delaywheel::redis::TopicCounts;
+    use delaywheel::redis::Unique;
     use delaywheel::redis::WallClock;
     use delaywheel::redis::When;
     use delaywheel::redis::WhenFull;
     use delaywheel::redis::MAX_DUE_MS;
     use delaywheel::redis::MAX_PAGE;
     use delaywheel::redis::MAX_PAYLOAD_DEPTH;
+    use delaywheel::redis::MAX_UNIQUE_WINDOW;
 
     #[test]
     fn redis_types_resolve() {
@@ -232,11 +234,12 @@ mod redis_feature {
             TaskPage,
             TaskState,
             TopicCounts,
+            Unique,
             WallClock,
             When,
             WhenFull,
         ];
-        assert_eq!(names.len(), 47);
+        assert_eq!(names.len(), 48);
         assert_eq!(type_name::<redis::Envelope>(), type_name::<Envelope>());
         // An alias has no name of its own: the headers are a map of strings,
         assert_eq!(
@@ -268,10 +271,11 @@ mod redis_feature {
         assert!(now() > 0);
         let shard: fn(&str, u32) -> u32 = shard_of;
         assert!(shard("order:42", 4) < 4);
-        let constants: [(&str, u64); 3] = [
+        let constants: [(&str, u64); 4] = [
             ("MAX_DUE_MS", MAX_DUE_MS),
             ("MAX_PAGE", MAX_PAGE as u64),
             ("MAX_PAYLOAD_DEPTH", MAX_PAYLOAD_DEPTH as u64),
+            ("MAX_UNIQUE_WINDOW", MAX_UNIQUE_WINDOW.as_secs()),
         ];
         for (name, value) in constants {
             assert!(value > 0, "{name} is {value}");

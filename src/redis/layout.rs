@@ -170,6 +170,14 @@ impl KeyLayout {
         &self.stats
     }
 
+    /// The queue's marker of task `id`'s unique window: set when the task is acknowledged, if
+    /// it was enqueued with [`Producer::enqueue_unique`](super::Producer::enqueue_unique), and
+    /// expiring at the window's end; while it exists, `enqueue_unique` refuses the id. In the
+    /// shard's hash slot.
+    pub fn unique_marker(&self, id: &str) -> String {
+        format!("{{{}}}:unique:{id}", self.ns)
+    }
+
     /// The queue's LIST of the last claim of consumer `consumer` (a consumer passes its id and
     /// a random instance number, `id:instance`): the claim's nonce, its
     /// token, then each leased id and its due time. A claim retried with the same nonce (its

@@ -493,7 +493,7 @@ pub use persist::{
 pub use queue::{
     shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
     ListCursor, ListState, Producer, QueueConfig, QueueDepth, QueueError, QueueStats, Rescheduled,
-    RetryPolicy, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts,
+    RetryPolicy, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts, Unique, MAX_UNIQUE_WINDOW,
 };
 pub use store_error::StoreError;
 pub use wall_clock::{now_ms, WallClock};

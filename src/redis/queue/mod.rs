@@ -29,6 +29,7 @@ pub(crate) mod pause;
 pub(crate) mod producer;
 pub(crate) mod reschedule;
 pub(crate) mod scripts;
+pub(crate) mod unique;
 
 pub use config::{shard_of, Backoff, QueueConfig, QueueError, RetryPolicy};
 pub use conn::QueueDepth;
@@ -38,3 +39,4 @@ pub use dedup::{Begin, Claim, Dedup, DedupError};
 pub use inspect::{ListCursor, ListState, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts};
 pub use producer::Producer;
 pub use reschedule::Rescheduled;
+pub use unique::{Unique, MAX_UNIQUE_WINDOW};

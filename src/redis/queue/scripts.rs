@@ -283,6 +283,7 @@ mod tests {
                 .arg(id)
                 .arg(&claimed[id])
                 .arg(u8::from(again))
+                .arg(0)
                 .invoke(conn)
                 .unwrap()
         };
@@ -833,6 +834,7 @@ mod tests {
             .key(k.dead())
             .arg(&fine.0)
             .arg(&fine.1)
+            .arg(0)
             .arg(0)
             .invoke(&mut conn)
             .unwrap();

@@ -136,6 +136,7 @@ fn settle(
     match result {
         Ok(()) => Outcome::Ack {
             shard,
+            unique_ms: crate::redis::queue::unique::window_ms(&envelope),
             id: envelope.id,
             owner,
         },

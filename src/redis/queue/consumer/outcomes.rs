@@ -48,7 +48,7 @@ pub(super) async fn resolve(
                 touched = Some(o.shard());
                 let outbox = outboxes.entry(o.shard()).or_default();
                 match o {
-                    Outcome::Ack { id, owner, .. } => outbox.acks.push((id, owner, false)),
+                    Outcome::Ack { id, owner, unique_ms, .. } => outbox.acks.push((id, owner, false, unique_ms)),
                     other => outbox.outcomes.push_back(other),
                 }
             }
@@ -203,7 +203,7 @@ pub(super) fn finished(
                     outbox.acks.extend(
                         batch
                             .into_iter()
-                            .map(|(id, owner, again)| (id, owner, again || ran)),
+                            .map(|(id, owner, again, unique)| (id, owner, again || ran, unique)),
                     );
                     0
                 }
@@ -237,8 +237,16 @@ pub(super) async fn send_acks(
         .key(keys.tasks())
         .key(keys.expired())
         .key(keys.dead());
-    for (id, owner, again) in batch.iter() {
-        inv.arg(id.as_str()).arg(&**owner).arg(u8::from(*again));
+    // A unique window's marker key for each task, only when one of them has a window.
+    let windows = batch.iter().any(|(.., unique)| *unique > 0);
+    for (id, owner, again, unique) in batch.iter() {
+        inv.arg(id.as_str())
+            .arg(&**owner)
+            .arg(u8::from(*again))
+            .arg(*unique);
+        if windows {
+            inv.key(keys.unique_marker(id));
+        }
     }
     let results = shared.conn.run::<Vec<u8>>(&inv).await;
     if results.is_err() {
@@ -249,7 +257,7 @@ pub(super) async fn send_acks(
 
 /// Counts an answered ack call: each task's lease is no longer renewed, acked or refused.
 pub(super) fn acked(shared: &Shared, shard: u32, batch: &[PendingAck], results: &[u8]) {
-    for ((id, owner, _), ok) in batch.iter().zip(results) {
+    for ((id, owner, ..), ok) in batch.iter().zip(results) {
         settled(shared, shard, id, owner);
         if *ok == 2 {
             // Gone, and held by no one: most likely a resend of an ack that landed.

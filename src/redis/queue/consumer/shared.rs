@@ -77,6 +77,9 @@ pub(super) enum Outcome {
         shard: u32,
         id: String,
         owner: Arc<str>,
+        /// The task's unique window, ms (0: none): its id is refused by `enqueue_unique`
+        /// for this long after the ack.
+        unique_ms: u64,
     },
     Retry {
         shard: u32,

@@ -26,7 +26,7 @@ impl Writes {
 
 /// An ack waiting to be sent: task id, owner, and whether an earlier call carrying it failed
 /// (and so may have run: Redis then tells a task already gone from a refusal).
-pub(super) type PendingAck = (String, Arc<str>, bool);
+pub(super) type PendingAck = (String, Arc<str>, bool, u64);
 
 /// A write task of the resolver, and what it needs back if the task panics.
 pub(super) enum Job {

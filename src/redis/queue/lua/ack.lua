@@ -1,6 +1,9 @@
--- KEYS: lease, owner, tasks, expired, dead. ARGV: id1, owner1, again1, id2, ... Removes each
--- task whose owner still matches; returns per task 1 (removed), 0 (refused: the lease was
--- taken over, or ran out and the task is queued again or dead-lettered), or, for an ack sent
+-- KEYS: lease, owner, tasks, expired, dead, then (only when some task has a unique window)
+-- each task's unique-window marker, in order. ARGV: id1, owner1, again1, window1 (ms, 0 for
+-- none), id2, ... Removes each task whose owner still matches, and sets the marker of each
+-- one removed with a window, expiring after it (`enqueue_unique` refuses the id meanwhile).
+-- Returns per task 1 (removed), 0 (refused: the lease was taken over, or ran out and the task
+-- is queued again or dead-lettered), or, for an ack sent
 -- again (`again` = 1) after a call that may have run, 2 if the task is gone, held by no one
 -- and not dead-lettered: most likely that call ran and only its reply was lost. (Another
 -- consumer's takeover and ack in between, or a producer's cancel, would read the same;
@@ -11,7 +14,8 @@
 -- one by one, in order (an id given twice is removed once, and the second reads as gone).
 
 local ids = {}
-for i = 1, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
+for i = 1, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+local markers = #KEYS > 5
 if #ids == 0 then return {} end
 local owners = {}
 for i = 1, #ids, 500 do
@@ -20,11 +24,14 @@ for i = 1, #ids, 500 do
 end
 local out, gone, removed = {}, {}, {}
 for k = 1, #ids do
-  local id, owner, again = ids[k], ARGV[3 * k - 1], ARGV[3 * k]
+  local id, owner, again, window = ids[k], ARGV[4 * k - 2], ARGV[4 * k - 1], ARGV[4 * k]
   if not removed[id] and owners[k] == owner then
     removed[id] = true
     gone[#gone + 1] = id
     out[k] = 1
+    if markers and window ~= '0' then
+      redis.call('SET', KEYS[5 + k], '1', 'PX', window)
+    end
   elseif again == '1' and (removed[id] or (not owners[k] and redis.call('HEXISTS', KEYS[3], id) == 0)) and redis.call('HEXISTS', KEYS[5], id) == 0 then
     out[k] = 2
   else
