@@ -139,6 +139,19 @@ fn stats_ls_get_cancel_pause_and_resume_on_a_sharded_queue() {
     );
     assert!(!rt.block_on(p.is_paused()).unwrap());
 
+    // The periodic schedules, as registered.
+    let every = delaywheel::redis::Periodic::interval(
+        "nightly",
+        Duration::from_secs(86_400),
+        "report",
+        serde_json::Value::Null,
+    )
+    .unwrap();
+    rt.block_on(p.add_periodic(&every)).unwrap();
+    let listed = run(&["schedules"]);
+    assert_eq!(listed["schedules"][0]["name"], "nightly");
+    assert_eq!(listed["schedules"][0]["every"]["ms"], 86_400_000);
+
     // The human table names the tasks too.
     let table = cli(
         &url,

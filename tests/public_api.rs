@@ -320,6 +320,23 @@ mod http_features {
     }
 }
 
+#[cfg(feature = "periodic")]
+mod periodic_feature {
+    use super::named;
+
+    use delaywheel::redis::CatchUp;
+    use delaywheel::redis::Every;
+    use delaywheel::redis::Periodic;
+    use delaywheel::redis::PeriodicError;
+    use delaywheel::redis::Scheduler;
+
+    #[test]
+    fn periodic_items_resolve() {
+        let names = types![CatchUp, Every, Periodic, PeriodicError, Scheduler];
+        assert_eq!(names.len(), 5);
+    }
+}
+
 /// The paths `use`d in this file, one `use delaywheel::...;` a line.
 fn imported_paths() -> Vec<&'static str> {
     include_str!("public_api.rs")

@@ -178,6 +178,24 @@ impl KeyLayout {
         format!("{{{}}}:unique:{id}", self.ns)
     }
 
+    /// The queue's HASH of periodic schedules, name → definition (JSON); kept in the first
+    /// shard's key set (see [`Producer::add_periodic`](super::Producer::add_periodic)).
+    pub fn periodic(&self) -> String {
+        format!("{{{}}}:periodic", self.ns)
+    }
+
+    /// The queue's HASH of each periodic schedule's last enqueued occurrence (ms), for the
+    /// catch-up after no scheduler ran; kept in the first shard's key set.
+    pub fn periodic_last(&self) -> String {
+        format!("{{{}}}:periodic:last", self.ns)
+    }
+
+    /// The marker of periodic occurrence task `id`: set by the first scheduler to enqueue it,
+    /// so that the others do not (expiring after a while). In the task's shard's hash slot.
+    pub fn periodic_marker(&self, id: &str) -> String {
+        format!("{{{}}}:periodic:marker:{id}", self.ns)
+    }
+
     /// The queue's LIST of the last claim of consumer `consumer` (a consumer passes its id and
     /// a random instance number, `id:instance`): the claim's nonce, its
     /// token, then each leased id and its due time. A claim retried with the same nonce (its

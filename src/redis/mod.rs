@@ -495,6 +495,9 @@ pub use queue::{
     ListCursor, ListState, Producer, QueueConfig, QueueDepth, QueueError, QueueStats, Rescheduled,
     RetryPolicy, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts, Unique, MAX_UNIQUE_WINDOW,
 };
+#[cfg(feature = "periodic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "periodic")))]
+pub use queue::{CatchUp, Every, Periodic, PeriodicError, Scheduler};
 pub use store_error::StoreError;
 pub use wall_clock::{now_ms, WallClock};
 pub use when::When;

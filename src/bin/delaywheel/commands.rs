@@ -59,6 +59,28 @@ pub(crate) async fn run(p: &Producer, command: Command, json_out: bool) -> Exit 
             ),
             Err(e) => fail("resume failed", &e),
         },
+        Command::Schedules => match p.periodics().await {
+            Ok(all) => {
+                if json_out {
+                    println!("{}", json!({ "schedules": all }));
+                } else {
+                    println!("{:<24} {:<40} {:<16} catch-up", "name", "every", "topic");
+                    for s in &all {
+                        let every = match &s.every {
+                            delaywheel::redis::Every::Interval { ms } => format!("{ms} ms"),
+                            delaywheel::redis::Every::Cron { expr, tz } => format!("{expr} ({tz})"),
+                            _ => "?".into(),
+                        };
+                        println!(
+                            "{:<24} {:<40} {:<16} {:?}",
+                            s.name, every, s.topic, s.catch_up
+                        );
+                    }
+                }
+                Exit::Done
+            }
+            Err(e) => fail("listing the schedules failed", &e),
+        },
         // Served by `main` before it comes here.
         Command::Dashboard { .. } => {
             eprintln!("delaywheel: the dashboard runs on its own");

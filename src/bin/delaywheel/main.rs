@@ -86,6 +86,8 @@ enum Command {
     Pause,
     /// Lifts a pause, and wakes every consumer at once.
     Resume,
+    /// The periodic schedules registered for the queue.
+    Schedules,
     /// Serves a read-only page of the queue (shards, topics, a chart of the last minutes,
     /// the dead letters) that refreshes itself. It binds to loopback by default: to reach it
     /// from elsewhere, put it behind a reverse proxy that authenticates (it has no login).

@@ -26,8 +26,12 @@ pub(crate) mod dead_letters;
 pub(crate) mod dedup;
 pub(crate) mod inspect;
 pub(crate) mod pause;
+#[cfg(feature = "periodic")]
+pub(crate) mod periodic;
 pub(crate) mod producer;
 pub(crate) mod reschedule;
+#[cfg(feature = "periodic")]
+pub(crate) mod scheduler;
 pub(crate) mod scripts;
 pub(crate) mod unique;
 
@@ -37,6 +41,10 @@ pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dead_letters::DeadTask;
 pub use dedup::{Begin, Claim, Dedup, DedupError};
 pub use inspect::{ListCursor, ListState, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts};
+#[cfg(feature = "periodic")]
+pub use periodic::{CatchUp, Every, Periodic, PeriodicError};
 pub use producer::Producer;
 pub use reschedule::Rescheduled;
+#[cfg(feature = "periodic")]
+pub use scheduler::Scheduler;
 pub use unique::{Unique, MAX_UNIQUE_WINDOW};

@@ -103,6 +103,14 @@ pub(crate) static INSPECT_PAGE: LazyLock<Script> =
 pub(crate) static RESCHEDULE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/reschedule.lua")));
 
+/// `lua/periodic_enqueue.lua`: its header gives its keys, arguments and reply.
+pub(crate) static PERIODIC_ENQUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/periodic_enqueue.lua")));
+
+/// `lua/periodic_advance.lua`: its header gives its keys, arguments and reply.
+pub(crate) static PERIODIC_ADVANCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/periodic_advance.lua")));
+
 /// `lua/resume.lua`: its header gives its keys, arguments and reply.
 pub(crate) static RESUME: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/resume.lua")));

@@ -1,0 +1,298 @@
+//! Periodic tasks (feature `periodic`): [`Periodic`] schedules, kept in Redis so that every
+//! instance learns them, and the occurrences they are due at. [`Scheduler`](super::Scheduler)
+//! enqueues the occurrences.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::redis::queue::config::QueueError;
+use crate::redis::queue::producer::{HscanPage, Producer};
+
+/// When a schedule's occurrences are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Every {
+    /// Every `ms` milliseconds, at the multiples of it since the Unix epoch (so every
+    /// instance computes the same occurrences without talking to the others).
+    Interval {
+        /// The period, ms.
+        ms: u64,
+    },
+    /// A cron expression in a time zone: `sec min hour day-of-month month day-of-week [year]`,
+    /// or the five fields without seconds (then at second 0), read by the `cron` crate; the
+    /// zone an IANA name (`Europe/Berlin`), so that "09:00 every day" stays 09:00 across
+    /// daylight-saving changes.
+    Cron {
+        /// The expression.
+        expr: String,
+        /// The IANA time zone.
+        tz: String,
+    },
+}
+
+/// What a scheduler does with the occurrences that fell due while no scheduler ran (more
+/// than a second ago).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "policy", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CatchUp {
+    /// Runs none of them: the next occurrence is the next one due.
+    Skip,
+    /// Runs the latest of them, once.
+    Latest,
+    /// Runs them all, the latest `max` of them at most.
+    All {
+        /// The most missed occurrences run.
+        max: u32,
+    },
+}
+
+/// A periodic task: `topic` with `payload`, enqueued at each occurrence of `every`, under the
+/// id `periodic:<name>:<occurrence ms>`.
+///
+/// ```
+/// use std::time::Duration;
+/// use delaywheel::redis::{CatchUp, Periodic};
+///
+/// let report = Periodic::cron("daily-report", "0 0 9 * * *", "Europe/Berlin", "report", serde_json::Value::Null)
+///     .unwrap()
+///     .catch_up(CatchUp::Latest);
+/// let ping = Periodic::interval("ping", Duration::from_secs(30), "ping", serde_json::Value::Null).unwrap();
+/// // 2026-03-29 is the day Berlin moves to summer time: 09:00 is then 07:00 UTC, not 08:00.
+/// let day = 1_774_742_400_000; // 2026-03-29T00:00:00Z
+/// assert_eq!(report.occurrences(day - 86_400_000, day + 86_400_000), vec![day - 86_400_000 + 8 * 3_600_000, day + 7 * 3_600_000]);
+/// assert_eq!(ping.occurrences(0, 60_000), vec![30_000, 60_000]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Periodic {
+    /// Its name, unique in the queue.
+    pub name: String,
+    /// When it runs.
+    pub every: Every,
+    /// The topic of its tasks.
+    pub topic: String,
+    /// The payload of each task.
+    pub payload: serde_json::Value,
+    /// What happens to occurrences missed while no scheduler ran.
+    pub catch_up: CatchUp,
+}
+
+/// Why a [`Periodic`] was refused: the value asked for is handed back in the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PeriodicError {
+    /// The name is empty or holds a `:`.
+    Name(String),
+    /// The interval is below 1 ms or past a year.
+    Interval(Duration),
+    /// The cron expression does not parse: the expression and the parser's message.
+    Cron(String, String),
+    /// The time zone is not an IANA name.
+    TimeZone(String),
+}
+
+impl fmt::Display for PeriodicError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeriodicError::Name(n) => write!(f, "periodic name {n:?} is empty or holds a ':'"),
+            PeriodicError::Interval(d) => {
+                write!(f, "interval {d:?} is not between 1 ms and a year")
+            }
+            PeriodicError::Cron(e, why) => write!(f, "cron expression {e:?} does not parse: {why}"),
+            PeriodicError::TimeZone(tz) => write!(f, "{tz:?} is not an IANA time zone"),
+        }
+    }
+}
+
+impl std::error::Error for PeriodicError {}
+
+const YEAR_MS: u64 = 365 * 86_400_000;
+
+fn check_name(name: &str) -> Result<(), PeriodicError> {
+    if name.is_empty() || name.contains(':') {
+        return Err(PeriodicError::Name(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// A cron expression (five fields get a leading second 0) and its zone, parsed.
+fn parse_cron(expr: &str, tz: &str) -> Result<(cron::Schedule, chrono_tz::Tz), PeriodicError> {
+    let fields = expr.split_whitespace().count();
+    let full = if fields == 5 {
+        format!("0 {expr}")
+    } else {
+        expr.to_owned()
+    };
+    let schedule = cron::Schedule::from_str(&full)
+        .map_err(|e| PeriodicError::Cron(expr.to_owned(), e.to_string()))?;
+    let zone = chrono_tz::Tz::from_str(tz).map_err(|_| PeriodicError::TimeZone(tz.to_owned()))?;
+    Ok((schedule, zone))
+}
+
+impl Periodic {
+    /// Every `period`, at its multiples since the epoch, with [`CatchUp::Skip`]. Errors hand
+    /// the bad value back: an empty name or one holding `:`, a period below 1 ms or past a year.
+    pub fn interval(
+        name: impl Into<String>,
+        period: Duration,
+        topic: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Result<Periodic, PeriodicError> {
+        let name = name.into();
+        check_name(&name)?;
+        let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 || ms > YEAR_MS || Duration::from_millis(ms) != period {
+            return Err(PeriodicError::Interval(period));
+        }
+        Ok(Periodic {
+            name,
+            every: Every::Interval { ms },
+            topic: topic.into(),
+            payload,
+            catch_up: CatchUp::Skip,
+        })
+    }
+
+    /// At each time `expr` names in time zone `tz`, with [`CatchUp::Skip`]. Errors hand the bad
+    /// value back: the name, an expression that does not parse, a zone that is not an IANA name.
+    pub fn cron(
+        name: impl Into<String>,
+        expr: &str,
+        tz: &str,
+        topic: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Result<Periodic, PeriodicError> {
+        let name = name.into();
+        check_name(&name)?;
+        parse_cron(expr, tz)?;
+        Ok(Periodic {
+            name,
+            every: Every::Cron {
+                expr: expr.to_owned(),
+                tz: tz.to_owned(),
+            },
+            topic: topic.into(),
+            payload,
+            catch_up: CatchUp::Skip,
+        })
+    }
+
+    /// The same schedule with catch-up policy `policy`.
+    pub fn catch_up(mut self, policy: CatchUp) -> Periodic {
+        self.catch_up = policy;
+        self
+    }
+
+    /// Its occurrences after `after_ms` up to `until_ms` (ms since the epoch), in order, at
+    /// most 10 000 (a schedule read back from Redis that no longer parses has none).
+    pub fn occurrences(&self, after_ms: u64, until_ms: u64) -> Vec<u64> {
+        const MAX: usize = 10_000;
+        match &self.every {
+            Every::Interval { ms } => {
+                let ms = (*ms).max(1);
+                let first = (after_ms / ms).saturating_add(1).saturating_mul(ms);
+                (0..MAX as u64)
+                    .map(|k| first.saturating_add(k.saturating_mul(ms)))
+                    .take_while(|t| *t <= until_ms)
+                    .collect()
+            }
+            Every::Cron { expr, tz } => {
+                let Ok((schedule, zone)) = parse_cron(expr, tz) else {
+                    return Vec::new();
+                };
+                let Some(start) = Utc.timestamp_millis_opt(after_ms as i64).single() else {
+                    return Vec::new();
+                };
+                schedule
+                    .after(&start.with_timezone(&zone))
+                    .map(|t| t.timestamp_millis().max(0) as u64)
+                    .take_while(|t| *t <= until_ms)
+                    .take(MAX)
+                    .collect()
+            }
+        }
+    }
+
+    /// The id of its task at `occurrence`.
+    pub fn task_id(&self, occurrence: u64) -> String {
+        format!("periodic:{}:{occurrence}", self.name)
+    }
+}
+
+impl Producer {
+    /// Registers (or replaces) schedule `periodic` for every instance: kept in Redis, where
+    /// each [`Scheduler`](crate::redis::Scheduler) of the queue reads it within a second.
+    /// `Ok(true)` if a schedule of that name was replaced. Errors: Redis failed.
+    pub async fn add_periodic(&self, periodic: &Periodic) -> Result<bool, QueueError> {
+        let json = serde_json::to_string(periodic)
+            .map_err(|_| QueueError::Config("a periodic schedule that does not serialize"))?;
+        let mut conn = self.conn.conn.clone();
+        self.conn.count(1);
+        let added: i64 = redis::cmd("HSET")
+            .arg(self.shards[0].periodic())
+            .arg(&periodic.name)
+            .arg(json)
+            .query_async(&mut conn)
+            .await?;
+        Ok(added == 0)
+    }
+
+    /// Removes schedule `name`: no occurrence of it is enqueued after the schedulers have
+    /// read the change (within a second); ones enqueued already still run. `Ok(false)` if
+    /// there was none.
+    pub async fn remove_periodic(&self, name: &str) -> Result<bool, QueueError> {
+        let mut conn = self.conn.conn.clone();
+        self.conn.count(2);
+        let (removed, _): (i64, i64) = redis::pipe()
+            .cmd("HDEL")
+            .arg(self.shards[0].periodic())
+            .arg(name)
+            .cmd("HDEL")
+            .arg(self.shards[0].periodic_last())
+            .arg(name)
+            .query_async(&mut conn)
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Every registered schedule, by name. A definition that does not read back (another
+    /// client's) is skipped, with a warning.
+    pub async fn periodics(&self) -> Result<Vec<Periodic>, QueueError> {
+        let key = self.shards[0].periodic();
+        let mut out = Vec::new();
+        let mut at = 0u64;
+        loop {
+            let mut conn = self.conn.conn.clone();
+            self.conn.count(1);
+            let (next, flat): HscanPage = redis::cmd("HSCAN")
+                .arg(&key)
+                .arg(at)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await?;
+            for (name, json) in flat {
+                match serde_json::from_slice::<Periodic>(&json) {
+                    Ok(p) => out.push(p),
+                    Err(e) => tracing::warn!(
+                        name = %String::from_utf8_lossy(&name),
+                        error = %e,
+                        "a periodic schedule that does not read back is skipped"
+                    ),
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            at = next;
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+}
