@@ -187,7 +187,9 @@ fn dead_letters_are_listed_and_requeued_one_by_one_or_all_paced() {
         Handlers::new().on("fail", |_| Err("card declined".into())),
     )
     .unwrap();
-    let n = 40;
+    // Past 128 entries the dead-letter hash is a real hash table, which HSCAN walks in
+    // several answers: the listing and the paced requeue must both get every one.
+    let n = 400;
     enqueue_all(
         &rt,
         &p,
@@ -203,35 +205,57 @@ fn dead_letters_are_listed_and_requeued_one_by_one_or_all_paced() {
         let args: Vec<&str> = ns.iter().chain(rest).copied().collect();
         json(&url, &args)
     };
-    let page = run(&["ls", "dead", "--limit", "100"]);
+    let page = run(&["ls", "dead", "--limit", "1000"]);
     let dead = page["tasks"].as_array().unwrap();
     assert_eq!(dead.len(), n);
     assert!(dead
         .iter()
         .all(|t| t["reason"].as_str().unwrap().contains("card declined")));
     assert!(page["next"].is_null());
+    // Seven a page, following `next` over the hash table's cursor: each of them (a SCAN may
+    // give one twice while the table is rehashing, so they are counted as a set).
+    let mut seen = HashSet::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..1_000 {
+        let mut args = vec!["ls", "dead", "--limit", "7"];
+        if let Some(c) = &cursor {
+            args.extend(["--cursor", c.as_str()]);
+        }
+        let page = run(&args);
+        for t in page["tasks"].as_array().unwrap() {
+            assert!(
+                seen.insert(t["id"].as_str().unwrap().to_string()),
+                "{t} twice"
+            );
+        }
+        match page["next"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), n);
 
     assert_eq!(run(&["requeue", "d0"])["requeued"], "d0");
     let missing = cli(&url, &["--namespace", "cli-dead", "requeue", "d0"]);
     assert_eq!(code(&missing), 3, "requeue of a task no longer dead");
 
-    // The other 39, paced at 100 a second: at least 0.38 s from the first to the last.
+    // The other 399, paced at 1 000 a second: at least 0.39 s from the first to the last.
     let start = Instant::now();
-    let all = run(&["requeue", "--all-dead", "--rate", "100"]);
+    let all = run(&["requeue", "--all-dead", "--rate", "1000"]);
     let took = start.elapsed();
     assert_eq!(all["requeued"], (n - 1) as u64);
     assert!(all["failed"].as_array().unwrap().is_empty());
-    assert!(took >= Duration::from_millis(380), "not paced: {took:?}");
+    assert!(took >= Duration::from_millis(390), "not paced: {took:?}");
     let depth = rt.block_on(p.depth()).unwrap();
     assert_eq!((depth.dead, depth.queued), (0, n as u64));
-    let dues: HashSet<u64> = run(&["ls", "scheduled", "--limit", "100"])["tasks"]
+    let dues: HashSet<u64> = run(&["ls", "scheduled", "--limit", "1000"])["tasks"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| t["due_at_ms"].as_u64().unwrap())
         .collect();
     assert!(
-        dues.len() >= 20,
+        dues.len() >= 200,
         "the requeued tasks came due together: {} distinct ms",
         dues.len()
     );
@@ -294,8 +318,13 @@ fn bad_input_gives_one_line_and_a_meaningful_exit_code() {
             "nonsense",
         ],
     );
-    assert_eq!(code(&bad_cursor), 1);
+    assert_eq!(code(&bad_cursor), 2);
     assert!(stderr(&bad_cursor).contains("not a cursor"));
+    let zero = cli(
+        &url,
+        &["--namespace", "cli-real", "ls", "dead", "--limit", "0"],
+    );
+    assert_eq!(code(&zero), 2, "{}", stderr(&zero));
     assert!(engine.shutdown().is_empty());
 }
 
@@ -339,5 +368,20 @@ fn the_cli_reads_a_sharded_queue_on_a_redis_cluster() {
     json(&nodes, &args(&base, &["pause"]));
     assert!(rt.block_on(p.is_paused()).unwrap());
     json(&nodes, &args(&base, &["resume"]));
+    // A shard count below the queue's: refused, rather than looking ids up on the wrong shard.
+    let short = cli(
+        &nodes,
+        &[
+            "--cluster",
+            "--namespace",
+            "cli-cluster",
+            "--shards",
+            "3",
+            "get",
+            "c7",
+        ],
+    );
+    assert_eq!(code(&short), 1);
+    assert!(stderr(&short).contains("more shards"), "{}", stderr(&short));
     assert!(!rt.block_on(p.is_paused()).unwrap());
 }

@@ -62,9 +62,27 @@ struct StoredEnvelope {
     attempt: u32,
     #[serde(default)]
     created_at: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_headers")]
     headers: Headers,
     due_at: u64,
+}
+
+/// Headers as another client may write them: `null` or a non-object reads as none, and a
+/// value that is not a string is left out, so that such an envelope still decodes (before
+/// headers existed, an unknown field was ignored, and a task must not be dead-lettered for
+/// one).
+fn lenient_headers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Headers, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(match value {
+        serde_json::Value::Object(map) => map
+            .into_iter()
+            .filter_map(|(k, v)| match v {
+                serde_json::Value::String(s) => Some((k, s)),
+                _ => None,
+            })
+            .collect(),
+        _ => Headers::new(),
+    })
 }
 
 impl From<StoredEnvelope> for Envelope {
@@ -330,6 +348,22 @@ impl std::io::Write for Counter {
 
 #[cfg(test)]
 mod tests {
+
+    /// Another client's `headers` that is `null`, not an object, or holds a non-string value
+    /// does not make the envelope undecodable.
+    #[test]
+    fn headers_of_another_shape_read_as_none_or_are_left_out() {
+        let with = |h: &str| {
+            format!(r#"{{"id":"a","topic":"t","payload":null,"headers":{h},"due_at":5}}"#)
+        };
+        for h in ["null", "[1,2]", "7", r#""x""#] {
+            let e = Envelope::decode(with(h).as_bytes()).unwrap();
+            assert!(e.headers.is_empty(), "{h}");
+        }
+        let e = Envelope::decode(with(r#"{"a":"1","b":2,"c":null}"#).as_bytes()).unwrap();
+        assert_eq!(e.headers.len(), 1);
+        assert_eq!(e.headers["a"], "1");
+    }
     use super::*;
     use proptest::prelude::*;
     use serde_json::Value;

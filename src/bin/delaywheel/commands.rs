@@ -15,7 +15,7 @@ pub(crate) async fn run(p: &Producer, command: Command, json_out: bool) -> Exit 
             state,
             limit,
             cursor,
-        } => ls(p, state, limit, cursor.as_deref(), json_out).await,
+        } => ls(p, state, limit as usize, cursor.as_deref(), json_out).await,
         Command::Get { id } => match p.get(&id).await {
             Ok(Some(task)) => {
                 print_task(&task, json_out);
@@ -145,7 +145,7 @@ async fn ls(
             Some(c) => c,
             None => {
                 eprintln!("delaywheel: {text:?} is not a cursor `ls` printed");
-                return Exit::Failed;
+                return Exit::Usage;
             }
         },
     };
@@ -163,35 +163,36 @@ async fn ls(
     }
 }
 
-/// Requeues every dead letter, `rate` a second: the i-th at `start + i / rate`.
+/// Requeues every dead letter, `rate` a second: the i-th at `start + i / rate`. The ids are
+/// listed first, then requeued: requeueing while listing would change the hash the listing's
+/// cursor walks, and could step over dead letters.
 async fn requeue_all(p: &Producer, rate: u32, json_out: bool) -> Exit {
-    let start = Instant::now();
-    let (mut requeued, mut failed) = (0u64, Vec::new());
+    let mut ids = Vec::new();
     let mut cursor = ListCursor::START;
     loop {
-        let page = match p.list(ListState::Dead, &cursor, 500).await {
+        let page = match p.list(ListState::Dead, &cursor, 1_000).await {
             Ok(page) => page,
             Err(e) => return fail("listing the dead letters failed", &e),
         };
-        for task in page.tasks {
-            let at = start
-                + Duration::from_secs_f64(
-                    (requeued + failed.len() as u64) as f64 / f64::from(rate),
-                );
-            tokio::time::sleep_until(at.into()).await;
-            match p.requeue(&task.id).await {
-                Ok(true) => requeued += 1,
-                // Gone meanwhile (requeued by another hand): nothing to do.
-                Ok(false) => {}
-                Err(e @ (QueueError::NotAnEnvelope(_) | QueueError::StillPending(_))) => {
-                    failed.push((task.id, e.to_string()))
-                }
-                Err(e) => return fail(&format!("requeue of {} failed", task.id), &e),
-            }
-        }
+        ids.extend(page.tasks.into_iter().map(|t| t.id));
         match page.next {
             Some(next) => cursor = next,
             None => break,
+        }
+    }
+    let start = Instant::now();
+    let (mut requeued, mut failed) = (0u64, Vec::new());
+    for (i, id) in ids.into_iter().enumerate() {
+        let at = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
+        tokio::time::sleep_until(at.into()).await;
+        match p.requeue(&id).await {
+            Ok(true) => requeued += 1,
+            // Gone meanwhile (requeued by another hand): nothing to do.
+            Ok(false) => {}
+            Err(e @ (QueueError::NotAnEnvelope(_) | QueueError::StillPending(_))) => {
+                failed.push((id, e.to_string()))
+            }
+            Err(e) => return fail(&format!("requeue of {id} failed"), &e),
         }
     }
     if json_out {

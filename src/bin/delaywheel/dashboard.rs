@@ -125,7 +125,9 @@ pub(crate) async fn serve(
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
+                // Out of file descriptors, say: wait a little rather than spin.
                 tracing_warn(&e);
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };

@@ -4,7 +4,8 @@
 //! every consumer. Human tables by default, one JSON document with `--json`.
 //!
 //! Exit codes: 0 done; 1 an error (Redis unreachable, an unknown namespace or one of the
-//! other kind, a refused requeue); 2 a usage error; 3 the id is not there.
+//! other kind, a refused requeue); 2 a usage error (clap's, a bad cursor, a bad refresh, a
+//! `--limit` of 0); 3 the id is not there.
 
 mod commands;
 mod dashboard;
@@ -51,9 +52,9 @@ enum Command {
     Ls {
         /// Which tasks.
         state: State,
-        /// Tasks per page.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
+        /// Tasks per page (at least 1).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
         /// Where to go on from: the `next` a previous page printed.
         #[arg(long)]
         cursor: Option<String>,
@@ -114,6 +115,7 @@ enum Exit {
     Done,
     NotFound,
     Failed,
+    Usage,
 }
 
 /// A failure as one line on stderr, with the causes it wraps.
@@ -160,7 +162,7 @@ async fn run(cli: Cli) -> Exit {
     if let Command::Dashboard { listen, refresh } = cli.command {
         if !(0.1..=3600.0).contains(&refresh) {
             eprintln!("delaywheel: --refresh must be between 0.1 and 3600 seconds");
-            return Exit::Failed;
+            return Exit::Usage;
         }
         let every = std::time::Duration::from_secs_f64(refresh);
         return dashboard::serve(producer, &cli.namespace, listen, every).await;
@@ -184,6 +186,7 @@ fn main() {
         Exit::Done => 0,
         Exit::Failed => 1,
         Exit::NotFound => 3,
+        Exit::Usage => 2,
     };
     std::process::exit(code);
 }

@@ -56,6 +56,23 @@ impl Conn {
                 return Err(QueueError::UnknownNamespace(keys.namespace().to_owned()));
             }
         }
+        // A shard past the count given: the queue has more shards, and ids would be looked up
+        // on the wrong ones.
+        if shards.len() > 1 {
+            let next = KeyLayout::new(&format!("{}:{}", cfg.namespace, shards.len()));
+            if let Ok(next) = next {
+                let mut c = link.clone();
+                let kind: Option<String> = redis::cmd("GET")
+                    .arg(next.kind())
+                    .query_async(&mut c)
+                    .await?;
+                if kind.is_some() {
+                    return Err(QueueError::Config(
+                        "the queue has more shards than `shards` says: give its shard count",
+                    ));
+                }
+            }
+        }
         let conn = Conn {
             conn: link,
             commands: Arc::new(AtomicU64::new(shards.len() as u64)),

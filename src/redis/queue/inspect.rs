@@ -288,9 +288,11 @@ impl Producer {
     /// `HSCAN` answer asks for it again, and steps over what it listed). A page reads at most `limit`
     /// tasks per shard (and, for a cursor whose task has since been claimed, steps over at
     /// most 10 000 tasks due in its millisecond). Tasks that move while a listing goes on
-    /// may be listed twice or not at all, as with any `SCAN`. `limit` 0 gives an empty page.
+    /// may be listed twice or not at all, as with any `SCAN` (a leased task whose lease is
+    /// renewed moves ahead of the cursor, and may come again).
     ///
-    /// Errors: Redis failed; [`QueueError::Config`] for a cursor of another state's listing.
+    /// Errors: Redis failed; [`QueueError::Config`] for a `limit` of 0 or a cursor of another
+    /// state's listing.
     pub async fn list(
         &self,
         state: ListState,
@@ -298,10 +300,7 @@ impl Producer {
         limit: usize,
     ) -> Result<TaskPage, QueueError> {
         if limit == 0 {
-            return Ok(TaskPage {
-                tasks: Vec::new(),
-                next: Some(cursor.clone()),
-            });
+            return Err(QueueError::Config("a listing's limit must be at least 1"));
         }
         match state {
             ListState::Dead => self.list_dead(cursor, limit).await,

@@ -114,6 +114,9 @@ impl std::error::Error for PeriodicError {}
 
 const YEAR_MS: u64 = 365 * 86_400_000;
 
+/// The most occurrences [`Periodic::occurrences`] lists at once.
+pub(crate) const OCCURRENCES_MAX: usize = 10_000;
+
 fn check_name(name: &str) -> Result<(), PeriodicError> {
     if name.is_empty() || name.contains(':') {
         return Err(PeriodicError::Name(name.to_owned()));
@@ -192,7 +195,7 @@ impl Periodic {
     /// Its occurrences after `after_ms` up to `until_ms` (ms since the epoch), in order, at
     /// most 10 000 (a schedule read back from Redis that no longer parses has none).
     pub fn occurrences(&self, after_ms: u64, until_ms: u64) -> Vec<u64> {
-        const MAX: usize = 10_000;
+        const MAX: usize = OCCURRENCES_MAX;
         match &self.every {
             Every::Interval { ms } => {
                 let ms = (*ms).max(1);

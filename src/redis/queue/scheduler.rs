@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use crate::redis::payload::new_task;
 use crate::redis::queue::config::{shard_of, QueueError};
-use crate::redis::queue::periodic::{CatchUp, Periodic};
+use crate::redis::queue::periodic::{CatchUp, Periodic, OCCURRENCES_MAX};
 use crate::redis::queue::producer::Producer;
 use crate::redis::queue::scripts;
 use crate::redis::wall_clock::now_ms;
@@ -72,6 +72,9 @@ impl Scheduler {
 
 async fn run(producer: Producer, mut stopped: watch::Receiver<bool>) {
     let mut schedules: Vec<Periodic> = Vec::new();
+    // When each schedule's last round that reached Redis began: occurrences since then fell
+    // while this scheduler ran (a Redis outage, a slow round), and are not "missed".
+    let mut ok_since: std::collections::HashMap<String, u64> = Default::default();
     let mut read_at: Option<tokio::time::Instant> = None;
     loop {
         if read_at.is_none_or(|at| at.elapsed() >= REREAD) {
@@ -83,8 +86,12 @@ async fn run(producer: Producer, mut stopped: watch::Receiver<bool>) {
         }
         let mut next = now_ms() + REREAD.as_millis() as u64;
         for p in &schedules {
-            match tick(&producer, p).await {
-                Ok(soonest) => next = next.min(soonest),
+            let began = now_ms();
+            match tick(&producer, p, ok_since.get(&p.name).copied()).await {
+                Ok(soonest) => {
+                    next = next.min(soonest);
+                    ok_since.insert(p.name.clone(), began);
+                }
                 Err(e) => tracing::warn!(name = %p.name, error = %e, "scheduler: round failed"),
             }
         }
@@ -101,10 +108,9 @@ async fn run(producer: Producer, mut stopped: watch::Receiver<bool>) {
     }
 }
 
-/// Which of `occurrences` (in order) to enqueue, given `now` and the schedule's policy: every
-/// one not yet missed, and of the missed ones what the policy says.
-pub(crate) fn select(occurrences: &[u64], now: u64, policy: CatchUp) -> Vec<u64> {
-    let missed_before = now.saturating_sub(MISSED_AFTER);
+/// Which of `occurrences` (in order) to enqueue: every one from `missed_before` on, and of
+/// the earlier (missed) ones what the policy says.
+pub(crate) fn select(occurrences: &[u64], missed_before: u64, policy: CatchUp) -> Vec<u64> {
     let split = occurrences.partition_point(|t| *t < missed_before);
     let (missed, current) = occurrences.split_at(split);
     let kept: &[u64] = match policy {
@@ -116,23 +122,41 @@ pub(crate) fn select(occurrences: &[u64], now: u64, policy: CatchUp) -> Vec<u64>
 }
 
 /// One schedule's round: enqueues its occurrences after the last one recorded, up to `AHEAD`
-/// from now, then records the last. Returns its next occurrence after that.
-async fn tick(producer: &Producer, p: &Periodic) -> Result<u64, QueueError> {
+/// from now, then records the last. `ok_since`: when this scheduler's last round of it that
+/// reached Redis began. Returns its next occurrence after that.
+async fn tick(producer: &Producer, p: &Periodic, ok_since: Option<u64>) -> Result<u64, QueueError> {
     let now = now_ms();
     let last = last_enqueued(producer, &p.name).await?;
+    // Missed: due more than a second ago, before this scheduler's last good round.
+    let missed_before = ok_since
+        .unwrap_or(now)
+        .min(now)
+        .saturating_sub(MISSED_AFTER);
     // A schedule no scheduler has run yet starts now: nothing before it is "missed".
     let after = last.unwrap_or(now.saturating_sub(MISSED_AFTER));
     let until = now + AHEAD.as_millis() as u64;
-    let due = select(&p.occurrences(after, until), now, p.catch_up);
-    for occurrence in &due {
-        enqueue(producer, p, *occurrence).await?;
-    }
-    if let Some(latest) = p.occurrences(after, until).last() {
+    let occurrences = p.occurrences(after, until);
+    let record = |latest: u64| {
         let mut inv = scripts::PERIODIC_ADVANCE.prepare_invoke();
         inv.key(producer.shards[0].periodic_last())
             .arg(&p.name)
-            .arg(*latest);
-        producer.conn.run::<String>(&inv).await?;
+            .arg(latest);
+        inv
+    };
+    if occurrences.len() == OCCURRENCES_MAX {
+        if let Some(&latest) = occurrences.last().filter(|l| **l < missed_before) {
+            // Far behind (a long stop of a frequent schedule): these are all past the missed
+            // ones the policy keeps, which come from the newest end. Step over them unrun; the
+            // next round, at once, goes on from there.
+            producer.conn.run::<String>(&record(latest)).await?;
+            return Ok(now);
+        }
+    }
+    for occurrence in select(&occurrences, missed_before, p.catch_up) {
+        enqueue(producer, p, occurrence).await?;
+    }
+    if let Some(&latest) = occurrences.last() {
+        producer.conn.run::<String>(&record(latest)).await?;
     }
     Ok(p.occurrences(until, until + 366 * 86_400_000)
         .first()
@@ -204,22 +228,23 @@ mod tests {
     #[test]
     fn catch_up_policies_after_a_five_second_stop() {
         let now = 100_000;
+        let missed_before = now - MISSED_AFTER;
         // Missed: 95 000 .. 98 000 (more than a second ago); current: 99 000 .. 101 000.
         let occurrences: Vec<u64> = (95..=101).map(|s| s * 1_000).collect();
         assert_eq!(
-            select(&occurrences, now, CatchUp::Skip),
+            select(&occurrences, missed_before, CatchUp::Skip),
             vec![99_000, 100_000, 101_000]
         );
         assert_eq!(
-            select(&occurrences, now, CatchUp::Latest),
+            select(&occurrences, missed_before, CatchUp::Latest),
             vec![98_000, 99_000, 100_000, 101_000]
         );
         assert_eq!(
-            select(&occurrences, now, CatchUp::All { max: 2 }),
+            select(&occurrences, missed_before, CatchUp::All { max: 2 }),
             vec![97_000, 98_000, 99_000, 100_000, 101_000]
         );
         assert_eq!(
-            select(&occurrences, now, CatchUp::All { max: 100 }),
+            select(&occurrences, missed_before, CatchUp::All { max: 100 }),
             occurrences
         );
     }

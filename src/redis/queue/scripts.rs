@@ -111,6 +111,10 @@ pub(crate) static PERIODIC_ENQUEUE: LazyLock<Script> =
 pub(crate) static PERIODIC_ADVANCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/periodic_advance.lua")));
 
+/// `lua/topic_counts.lua`: its header gives its keys, arguments and reply.
+pub(crate) static TOPIC_COUNTS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/topic_counts.lua")));
+
 /// `lua/resume.lua`: its header gives its keys, arguments and reply.
 pub(crate) static RESUME: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/resume.lua")));

@@ -379,6 +379,13 @@ impl Consumer {
         if let Some(r) = self.resolver.take() {
             let left = remaining(deadline).max(Duration::from_millis(100));
             let drained = wait_on(&rt, async move { tokio::time::timeout(left, r).await });
+            // The topic counts of the handlers that finished during the shutdown.
+            let shared = self.shared.clone();
+            let left = remaining(deadline).max(Duration::from_millis(100));
+            wait_on(&rt, async move {
+                let key = shared.shards[0].stats();
+                let _ = tokio::time::timeout(left, shared.by_topic.write(&shared.conn, key)).await;
+            });
             if !matches!(drained, Some(Ok(Ok(())))) {
                 // Acks, retries or dead letters of finished handlers are dropped with the
                 // runtime: their tasks run again after their leases. Said, not hidden.

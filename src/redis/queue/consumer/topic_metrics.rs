@@ -110,23 +110,22 @@ impl ByTopic {
     }
 
     /// Adds the counts since the last call to the queue's `stats` hash (`topic|processed`,
-    /// `topic|failed`, `topic|retried`, `topic|dead_lettered`): one pipeline of an `HINCRBY` per
-    /// count that moved, none if nothing moved. Counts that could not be written are kept for
-    /// the next call.
+    /// `topic|failed`, `topic|retried`, `topic|dead_lettered`): one script call adding every
+    /// count that moved, none if nothing moved. Counts are kept for the next call only when
+    /// the call surely did not run; one that may have run (its reply lost) is not sent again,
+    /// so a count is never added twice (it may be lost: the dashboards' figures are a lower
+    /// bound then, the metrics exact).
     pub(super) async fn write(&self, conn: &crate::redis::queue::conn::Conn, key: &str) {
         const FIELDS: [&str; 4] = ["processed", "failed", "retried", "dead_lettered"];
-        let taken: Vec<(&str, &TopicMetrics, [u64; 4])> =
-            self.all().map(|(t, m)| (t, m, m.take())).collect();
-        let mut pipe = redis::pipe();
+        let taken: Vec<(&TopicMetrics, [u64; 4])> =
+            self.all().map(|(_, m)| (m, m.take())).collect();
+        let mut inv = crate::redis::queue::scripts::TOPIC_COUNTS.prepare_invoke();
+        inv.key(key);
         let mut n = 0;
-        for (topic, _, counts) in &taken {
+        for ((topic, _), (_, counts)) in self.all().zip(&taken) {
             for (field, count) in FIELDS.iter().zip(counts) {
                 if *count > 0 {
-                    pipe.cmd("HINCRBY")
-                        .arg(key)
-                        .arg(format!("{topic}|{field}"))
-                        .arg(*count)
-                        .ignore();
+                    inv.arg(format!("{topic}|{field}")).arg(*count);
                     n += 1;
                 }
             }
@@ -134,12 +133,14 @@ impl ByTopic {
         if n == 0 {
             return;
         }
-        conn.count(n);
-        let mut c = conn.conn.clone();
-        if let Err(e) = pipe.query_async::<()>(&mut c).await {
-            tracing::debug!(error = %e, "could not write the topic counts; kept for the next round");
-            for (_, m, counts) in taken {
-                m.put_back(counts);
+        if let Err(e) = conn.run::<i64>(&inv).await {
+            if crate::redis::link::may_have_run(&e) {
+                tracing::debug!(error = %e, "the topic counts may not have been written; not sent again");
+            } else {
+                tracing::debug!(error = %e, "could not write the topic counts; kept for the next round");
+                for (m, counts) in taken {
+                    m.put_back(counts);
+                }
             }
         }
     }
