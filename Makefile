@@ -92,6 +92,8 @@ unit:
 	$(CARGO) clippy --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy --lib --features futures -- -D warnings
 	$(CARGO) clippy --lib --features redis -- -D warnings
+	$(CARGO) clippy --lib --features periodic -- -D warnings
+	$(CARGO) clippy --lib --features hyper,tower,otel -- -D warnings
 
 # No broken intra-doc link (docs.rs shows every feature), and the fuzz crate still builds.
 docs:

@@ -104,10 +104,12 @@ pub(crate) static RESCHEDULE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/reschedule.lua")));
 
 /// `lua/periodic_enqueue.lua`: its header gives its keys, arguments and reply.
+#[cfg(feature = "periodic")]
 pub(crate) static PERIODIC_ENQUEUE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/periodic_enqueue.lua")));
 
 /// `lua/periodic_advance.lua`: its header gives its keys, arguments and reply.
+#[cfg(feature = "periodic")]
 pub(crate) static PERIODIC_ADVANCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/periodic_advance.lua")));
 
