@@ -178,6 +178,7 @@ mod redis_feature {
     use delaywheel::redis::TaskState;
     use delaywheel::redis::TaskStore;
     use delaywheel::redis::TopicCounts;
+    use delaywheel::redis::TopicLimit;
     use delaywheel::redis::Unique;
     use delaywheel::redis::WallClock;
     use delaywheel::redis::When;
@@ -234,12 +235,13 @@ mod redis_feature {
             TaskPage,
             TaskState,
             TopicCounts,
+            TopicLimit,
             Unique,
             WallClock,
             When,
             WhenFull,
         ];
-        assert_eq!(names.len(), 48);
+        assert_eq!(names.len(), 49);
         assert_eq!(type_name::<redis::Envelope>(), type_name::<Envelope>());
         // An alias has no name of its own: the headers are a map of strings,
         assert_eq!(

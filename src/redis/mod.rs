@@ -304,6 +304,8 @@
 //! | `{ns}:engine` | STRING | [`Persistent`]'s writer lease: the name of the one engine that writes and restores the namespace (see [`PersistConfig::engine_lease`]) |
 //! | `{ns}:engine:takes` | STRING | `<count> <name>`: how many times that lease was taken while free, and by whom last |
 //! | `{ns}:done:<id>` | STRING | [`Dedup`] marker: `running:<token>` (lease TTL) or `done` (keep TTL) |
+//! | `{ns:limit:<topic>}:rate` | STRING | queue: a topic's rate limit, the GCRA's theoretical arrival time (ms, Redis's clock; see [`TopicLimit`]) |
+//! | `{ns:limit:<topic>}:running` | ZSET | queue: a topic's concurrency slots, `<consumer>:<instance>:<n>` → lease deadline (ms, Redis's clock) |
 //! | `{ns}:wake` | pub/sub channel | queue: wake-ups (a due time in ms, and on a sharded queue `:` and the shard) |
 //! | `{ns}:due:snapshot:<engine>`, `{ns}:tasks:snapshot:<engine>` | ZSET, HASH | [`Persistent::snapshot`]'s scratch copy (no `:<engine>` without a lease), renamed over `{ns}:due` and `{ns}:tasks` |
 //!
@@ -420,6 +422,12 @@
 //!   most those due within `lookahead`). Depths and latency are per shard; per topic there are
 //!   only outcome counts ([`Producer::topic_counts`]), written by each consumer every
 //!   `reaper_interval`.
+//! * **Queue, limits.** Every consumer of a namespace is to carry the same [`TopicLimit`]s:
+//!   each limiter call carries its caller's. A start is counted at its slot: one that finds
+//!   every handler thread busy starts later, so starts can bunch past the limit while the
+//!   handler threads are saturated (give a limited topic threads to spare). Slots booked by a
+//!   consumer that then crashed, or handed its tasks back, go unused (fewer starts, never
+//!   more). Per topic, not per task (no keys per tenant).
 //! * **Queue, clocks.** A task fires when the consumer's wall clock reaches its due time,
 //!   which the producer's clock set: a consumer whose clock runs ahead fires early by the
 //!   difference. Leases run on Redis's clock. Keep the hosts on NTP.
@@ -493,7 +501,8 @@ pub use persist::{
 pub use queue::{
     shard_of, Backoff, Begin, Claim, Consumer, DeadTask, Dedup, DedupError, HandlerError, Handlers,
     ListCursor, ListState, Producer, QueueConfig, QueueDepth, QueueError, QueueStats, Rescheduled,
-    RetryPolicy, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts, Unique, MAX_UNIQUE_WINDOW,
+    RetryPolicy, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts, TopicLimit, Unique,
+    MAX_UNIQUE_WINDOW,
 };
 #[cfg(feature = "periodic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "periodic")))]

@@ -6,11 +6,13 @@
 //! (`{ns}` for one shard, `{ns:0}`, `{ns:1}`, ... for more), chosen by a hash of the task id,
 //! so on a Redis Cluster the backlog and the claim load spread over nodes.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
 use crate::redis::envelope::{Envelope, EnvelopeError};
 use crate::redis::layout::{KeyLayout, NamespaceError, NamespaceInUse};
+use crate::redis::queue::limit::TopicLimit;
 use crate::redis::store_error::StoreError;
 use crate::redis::wall_clock::now_ms;
 
@@ -175,6 +177,10 @@ pub struct QueueConfig {
     pub max_envelope: usize,
     /// A name for the consumer in leases and logs (default: host-pid-random).
     pub consumer_id: Option<String>,
+    /// Rate limits and concurrency caps per topic, held across every consumer of the queue
+    /// (default none; see [`TopicLimit`] and [`limit`](Self::limit)). A bad limit is
+    /// [`QueueError::Config`] at start.
+    pub limits: BTreeMap<String, TopicLimit>,
 }
 
 impl QueueConfig {
@@ -203,7 +209,15 @@ impl QueueConfig {
             notify: true,
             max_envelope: 64 * 1024,
             consumer_id: None,
+            limits: BTreeMap::new(),
         }
+    }
+
+    /// Sets the limits of `topic`'s handlers (replacing any set before), as
+    /// `limits.insert(topic, limit)`; see [`TopicLimit`].
+    pub fn limit(mut self, topic: impl Into<String>, limit: TopicLimit) -> QueueConfig {
+        self.limits.insert(topic.into(), limit);
+        self
     }
 
     /// Checks the settings; the error names the first bad one.
@@ -275,6 +289,9 @@ impl QueueConfig {
             return Err(QueueError::Config(
                 "lookahead must be at least reconcile + claim_margin",
             ));
+        }
+        for limit in self.limits.values() {
+            limit.check().map_err(QueueError::Config)?;
         }
         if let Some(a) = &self.assigned_shards {
             if a.is_empty() || a.iter().any(|&s| s >= self.shards) {

@@ -6,6 +6,8 @@
 //! * [`consumer`]: the [`Consumer`], one file per background loop.
 //! * [`scripts`]: the Lua scripts every change to the queue runs, atomically per shard.
 //! * [`dedup`]: [`Dedup`], processed-id markers for idempotent handlers.
+//! * [`limit`]: [`TopicLimit`], rate limits and concurrency caps per topic (enforced by the
+//!   consumer's limiter loop, with scripts RATE_SLOTS, SLOTS_TAKE and SLOTS_RENEW).
 //!
 //! The scripts are `.lua` files in `lua/`, each with its keys, arguments and reply in its
 //! header: ENQUEUE (ZADD + HSET, PUBLISH if due soon), CLAIM (the new place first: lease and
@@ -25,6 +27,7 @@ pub(crate) mod consumer;
 pub(crate) mod dead_letters;
 pub(crate) mod dedup;
 pub(crate) mod inspect;
+pub(crate) mod limit;
 pub(crate) mod pause;
 #[cfg(feature = "periodic")]
 pub(crate) mod periodic;
@@ -41,6 +44,7 @@ pub use consumer::{Consumer, HandlerError, Handlers, QueueStats};
 pub use dead_letters::DeadTask;
 pub use dedup::{Begin, Claim, Dedup, DedupError};
 pub use inspect::{ListCursor, ListState, ShardStats, TaskInfo, TaskPage, TaskState, TopicCounts};
+pub use limit::TopicLimit;
 #[cfg(feature = "periodic")]
 pub use periodic::{CatchUp, Every, Periodic, PeriodicError};
 pub use producer::Producer;

@@ -121,6 +121,18 @@ pub(crate) static TOPIC_COUNTS: LazyLock<Script> =
 pub(crate) static RESUME: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/resume.lua")));
 
+/// `lua/rate_slots.lua`: its header gives its keys, arguments and reply.
+pub(crate) static RATE_SLOTS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/rate_slots.lua")));
+
+/// `lua/slots_take.lua`: its header gives its keys, arguments and reply.
+pub(crate) static SLOTS_TAKE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/slots_take.lua")));
+
+/// `lua/slots_renew.lua`: its header gives its keys, arguments and reply.
+pub(crate) static SLOTS_RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/slots_renew.lua")));
+
 /// Every script the consumers and producers call on the hot path, for loading them all ahead
 /// of their first calls (the inspection and pause scripts load on first use).
 pub(crate) static ALL: [&LazyLock<Script>; 12] = [

@@ -301,6 +301,7 @@ pub(super) async fn claim(
             }
         };
         let delay = Duration::from_micros(due.saturating_mul(1_000).saturating_sub(now_us()));
+        super::gates::claimed(&shared.limiter, envelope.topic.as_ref(), shard, &id, due);
         let mut held = shared.held.lock();
         let claimed = Claimed {
             shard,

@@ -29,6 +29,10 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
     if shared.aborted.load(SeqCst) {
         return; // "crashing"
     }
+    // A limited topic's task without its permits is parked, still held, for the limiter loop.
+    let Some((c, permit)) = super::gates::admit(&shared.limiter, c) else {
+        return;
+    };
     // With `async` handlers, a handler of either kind runs in a slot: a task waits for one
     // here, still in `held`, so that a stall or `shutdown` can hand it back meanwhile.
     #[cfg(feature = "tokio")]
@@ -45,7 +49,7 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
     let handler = shared.handlers.map.get(c.envelope.topic.as_ref()).cloned();
     #[cfg(feature = "tokio")]
     if let (Some(Handler::Async(h)), Some(pool)) = (&handler, &shared.async_pool) {
-        run_async(shared, pool, h, c, slot);
+        run_async(shared, pool, h, c, (slot, permit));
         return;
     }
     let busy = Busy::enter(shared);
@@ -66,6 +70,7 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
     };
     // Sending the outcome below may wait for a slow Redis: that is not a stalled handler.
     drop(busy);
+    drop(permit);
     #[cfg(feature = "tokio")]
     drop(slot);
     let outcome = settle(shared, c, result, Some(began.elapsed()));
@@ -187,7 +192,7 @@ fn run_async(
     pool: &Arc<AsyncPool<HandBack>>,
     handler: &AsyncHandler,
     c: Claimed,
-    slot: Option<Slot>,
+    (slot, permit): (Option<Slot>, Option<super::gates::Permit>),
 ) {
     let busy = Busy::enter(shared);
     let back: HandBack = (
@@ -224,6 +229,7 @@ fn run_async(
         };
         drop(busy);
         drop(slot);
+        drop(permit);
         // Room first: dropped while it waits (a runtime shutting down), the task is still
         // unsettled, and its drop fails the attempt rather than lose it.
         let permit = unsettled.shared.outcomes.reserve().await;

@@ -135,6 +135,7 @@ impl Consumer {
             last_start_us: AtomicU64::new(0),
             started: std::time::Instant::now(),
             handing_back: Mutex::new(Vec::new()),
+            limiter: super::gates::Limiter::new(&cfg),
             #[cfg(feature = "tokio")]
             async_pool,
             cfg,
@@ -164,6 +165,13 @@ impl Consumer {
             .collect();
         loops.push(rt.spawn(listen(shared.clone(), stop_rx.clone())));
         loops.push(rt.spawn(stall_loop(shared.clone(), timer.clone(), stop_rx.clone())));
+        if !shared.limiter.gates.is_empty() {
+            loops.push(rt.spawn(super::limiter::limiter_loop(
+                shared.clone(),
+                timer.clone(),
+                stop_rx.clone(),
+            )));
+        }
         // And a reaper per shard, for the same reason.
         loops.extend(
             (0..shared.claim_from.len())
@@ -270,17 +278,27 @@ impl Consumer {
         // hand-back had not brought back yet goes too (a second hand-back of a task Redis took
         // finds another owner or none, and changes nothing).
         let mut back = std::mem::take(&mut *self.shared.handing_back.lock());
-        self.shared
-            .held
-            .lock()
-            .retain(|(shard, id), (timer, owner, due)| {
-                if self.timer.cancel(*timer).is_some() {
-                    back.push((*shard, id.clone(), owner.clone(), *due));
-                    false
-                } else {
-                    true
-                }
-            });
+        let mut held = self.shared.held.lock();
+        // Parked by the limiter (fired, waiting for a permit): out of the wheel, but held.
+        for c in super::gates::take_parked(&self.shared.limiter) {
+            let key = (c.shard, c.envelope.id.clone());
+            if held
+                .get(&key)
+                .is_some_and(|(_, owner, _)| **owner == *c.owner)
+            {
+                held.remove(&key);
+                back.push((c.shard, c.envelope.id, c.owner, c.envelope.due_at));
+            }
+        }
+        held.retain(|(shard, id), (timer, owner, due)| {
+            if self.timer.cancel(*timer).is_some() {
+                back.push((*shard, id.clone(), owner.clone(), *due));
+                false
+            } else {
+                true
+            }
+        });
+        drop(held);
         let (mut given, mut failure) = self.give_back(&rt, back, deadline);
         // Handlers finish within the timeout; expirations the timer could not hand to them
         // come back from its shutdown and are handed back to the queue too.

@@ -11,6 +11,8 @@
 //! * [`outcomes`]: the outcome writer (acks, retries, dead letters), with [`writes`], its
 //!   write tasks; [`renewal`]: lease renewal;
 //! * [`reaper`]: expired leases back to the queue, and the sweep of lone envelopes;
+//! * [`gates`]: rate limits and concurrency caps per topic, across the fleet, and
+//!   [`limiter`], the loop that books and frees their permits;
 //! * [`stall`]: the hand-back of a consumer whose handler threads are all stuck;
 //! * [`shared`]: what they share.
 //!
@@ -35,8 +37,11 @@
 #[cfg(feature = "tokio")]
 mod async_pool;
 mod claim;
+mod claimed;
+mod gates;
 mod handlers;
 mod lifecycle;
+mod limiter;
 mod outcomes;
 mod reaper;
 mod registry;

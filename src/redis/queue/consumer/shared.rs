@@ -10,11 +10,11 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::redis::envelope::Envelope;
 use crate::redis::layout::KeyLayout;
 use crate::redis::queue::config::QueueConfig;
 use crate::redis::queue::conn::Conn;
 
+pub(super) use super::claimed::Claimed;
 use super::registry::Handlers;
 use crate::redis::wall_clock::since_epoch;
 use crate::TimerId;
@@ -63,13 +63,6 @@ pub(super) type Held = (TimerId, Arc<str>, u64);
 
 /// A claimed task to hand back to the queue: shard, id, owner and due time (ms).
 pub(super) type HandBack = (u32, String, Arc<str>, u64);
-
-/// A claimed task in the wheel.
-pub(super) struct Claimed {
-    pub(super) shard: u32,
-    pub(super) owner: Arc<str>,
-    pub(super) envelope: Envelope,
-}
 
 /// What became of a fired task, for the resolver to write.
 pub(super) enum Outcome {
@@ -180,6 +173,8 @@ pub(super) struct Shared {
     pub(super) started: std::time::Instant,
     /// Tasks the stall loop took out of `held` and has not yet handed back.
     pub(super) handing_back: Mutex<Vec<HandBack>>,
+    /// The gates of the topics with limits (see [`super::gates`]).
+    pub(super) limiter: super::gates::Limiter,
     /// The slots and the runtime of `async` handlers, when there are any.
     #[cfg(feature = "tokio")]
     pub(super) async_pool: Option<Arc<super::async_pool::AsyncPool<HandBack>>>,
