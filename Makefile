@@ -127,6 +127,7 @@ smoke:
 	$(CARGO) run --all-features --example vs_polling -- --smoke --json
 	$(CARGO) run --all-features --example queue_load -- --smoke --json --producer single,batch
 	$(CARGO) run --all-features --example queue_load -- --smoke --json --backlog 2000
+	$(CARGO) run --all-features --example queue_load -- --smoke --json --designs delaywheel --limit-factors 2,0.5
 	@# The minimal examples a user copies.
 	$(CARGO) run --all-features --example timeouts
 	$(CARGO) run --all-features --example durable_orders

@@ -22,6 +22,8 @@
 //! cargo run --release --features redis --example queue_load -- --svg queue_load.svg
 //! cargo run --release --features redis --example queue_load -- --rates 30000,40000,50000
 //! cargo run --release --features redis --example queue_load -- --backlog 100000  # memory
+//! cargo run --release --features redis --example queue_load -- --rates 10000,20000 \
+//!     --designs delaywheel --limit-factors 2,0.5      # under a rate limit
 //! cargo run --features redis --example queue_load -- --smoke --json       # make test
 //! ```
 
@@ -35,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use delaywheel::redis::{Consumer, Envelope, Handlers, Producer, QueueConfig, When};
+use delaywheel::redis::{Consumer, Envelope, Handlers, Producer, QueueConfig, TopicLimit, When};
 use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 
@@ -57,6 +59,11 @@ struct Args {
     /// Designs to run: delaywheel, poller (design note 002: pop 50, sleep 500 ms when idle).
     #[arg(long, value_delimiter = ',', default_values_t = ["delaywheel".to_string(), "poller".to_string()])]
     designs: Vec<String>,
+    /// Also run the queue under a fleet-wide rate limit on its topic of this factor × the
+    /// step's rate (design `limit×F`): above 1 it does not bind, below 1 it does. The report
+    /// gives the fire rate achieved against the limit, and Redis commands per task.
+    #[arg(long, value_delimiter = ',')]
+    limit_factors: Vec<f64>,
     /// How the producer enqueues: `single` (one `enqueue` per task, 256 in flight) or `batch`
     /// (`enqueue_many` of what is due each moment). Several, comma-separated, run each.
     #[arg(long, value_delimiter = ',', default_values_t = ["single".to_string()])]
@@ -92,11 +99,15 @@ fn now_us() -> u64 {
 #[derive(Debug, Clone, serde::Serialize)]
 struct Step {
     design: String,
+    /// The rate limit on the topic (tasks/s), if any.
+    limit: Option<u64>,
     producer: String,
     rate: u64,
     tasks: usize,
     enqueue_rate: f64,
     fire_rate: f64,
+    /// The most tasks fired in any one-second window.
+    fire_peak_1s: usize,
     fired: usize,
     lost: usize,
     duplicates: usize,
@@ -241,7 +252,13 @@ fn quantile_ms(h: &Histogram<u64>, q: f64) -> f64 {
 }
 
 fn run_step(args: &Args, url: &str, design: &str, producing: &str, rate: u64) -> Step {
-    let ns = format!("load_{design}_{producing}_{rate}");
+    // `limit×F`: the queue, under a rate limit of F × the rate.
+    let limit = design
+        .strip_prefix("limit×")
+        .and_then(|f| f.parse::<f64>().ok())
+        .map(|f| ((rate as f64 * f).round() as u64).clamp(1, u64::from(u32::MAX)));
+    let queue = design == "delaywheel" || limit.is_some();
+    let ns = format!("load_{}_{producing}_{rate}", design.replace('×', "x"));
     redis_server::RedisServer::clear_namespace(url, &ns);
     let n = ((rate as f64) * args.duration).round().max(1.0) as usize;
     let mut rng = fastrand::Rng::with_seed(rate);
@@ -262,8 +279,14 @@ fn run_step(args: &Args, url: &str, design: &str, producing: &str, rate: u64) ->
         fired_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
     });
     let mut cfg = QueueConfig::new(url, ns.as_str());
+    if let Some(l) = limit {
+        cfg = cfg.limit(
+            "job",
+            TopicLimit::new().rate(l as u32, Duration::from_secs(1)),
+        );
+    }
     // Wake-ups are the queue's; the poller's producer publishes none.
-    cfg.notify = design == "delaywheel";
+    cfg.notify = queue;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -281,7 +304,7 @@ fn run_step(args: &Args, url: &str, design: &str, producing: &str, rate: u64) ->
     let mut pollers = Vec::new();
     for _ in 0..args.consumers {
         let tasks = tasks.clone();
-        if design == "delaywheel" {
+        if queue {
             let handlers = Handlers::new().on("job", move |t: &Envelope| {
                 tasks.record_fire(&t.id);
                 Ok(())
@@ -296,7 +319,9 @@ fn run_step(args: &Args, url: &str, design: &str, producing: &str, rate: u64) ->
     }
     rt.block_on(produce(&producer, &tasks, producing == "batch"));
     let enqueued_by = now_us();
-    let deadline = Instant::now() + Duration::from_secs_f64(args.max_delay + 15.0);
+    // Under a limit that binds, the tasks drain at the limit.
+    let drain = limit.map_or(0.0, |l| n as f64 / l as f64);
+    let deadline = Instant::now() + Duration::from_secs_f64(args.max_delay + drain + 15.0);
     while tasks.fires.iter().any(|f| f.load(Relaxed) == 0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -338,14 +363,29 @@ fn run_step(args: &Args, url: &str, design: &str, producing: &str, rate: u64) ->
         lateness.saturating_record(at.saturating_sub(tasks.due[k].max(confirmed)).max(1));
     }
     let fired_span = last_fire.saturating_sub(first_fire).max(1) as f64 / 1e6;
+    let mut fire_times: Vec<u64> = (0..n)
+        .map(|k| tasks.fired_at[k].load(Relaxed))
+        .filter(|&t| t > 0)
+        .collect();
+    fire_times.sort_unstable();
+    let mut fire_peak_1s = 0;
+    let mut lo = 0;
+    for hi in 0..fire_times.len() {
+        while fire_times[hi] - fire_times[lo] >= 1_000_000 {
+            lo += 1;
+        }
+        fire_peak_1s = fire_peak_1s.max(hi - lo + 1);
+    }
     let enqueue_span = enqueued_by.saturating_sub(tasks.planned[0]).max(1) as f64 / 1e6;
     Step {
         design: design.to_string(),
+        limit,
         producer: producing.to_string(),
         rate,
         tasks: n,
         enqueue_rate: n as f64 / enqueue_span,
         fire_rate: fired as f64 / fired_span,
+        fire_peak_1s,
         fired,
         lost: n - fired,
         duplicates,
@@ -510,7 +550,12 @@ fn main() {
         if i % 2 == 1 {
             order.reverse();
         }
-        for design in &order {
+        let limited: Vec<String> = args
+            .limit_factors
+            .iter()
+            .map(|f| format!("limit×{f}"))
+            .collect();
+        for design in order.iter().chain(&limited) {
             for producing in &args.producer {
                 let step = run_step(&args, &url, design, producing, rate);
                 eprintln!(
@@ -588,10 +633,40 @@ fn main() {
     if args.json {
         println!("{}", serde_json::json!({ "steps": steps, "knee": knees }));
     }
-    if steps
-        .iter()
-        .any(|s| s.design == "delaywheel" && (s.lost > 0 || s.duplicates > 0 || s.early > 0))
-    {
+    if !args.limit_factors.is_empty() {
+        println!(
+            "under a rate limit (fire/s: the mean over the run; peak: the most in one second; \
+             cmds/t includes the limiter's calls):"
+        );
+        println!(
+            "{:<17} {:>7} {:>9} {:>9} {:>9} {:>10} {:>9} {:>11}",
+            "design", "rate", "limit", "fire/s", "peak 1 s", "peak/limit", "cmds/t", "redis µs/t"
+        );
+        for s in steps
+            .iter()
+            .filter(|s| s.design == "delaywheel" || s.limit.is_some())
+        {
+            let limit = s.limit.map_or("-".to_string(), |l| l.to_string());
+            let ratio = s.limit.map_or("-".to_string(), |l| {
+                format!("{:.3}", s.fire_peak_1s as f64 / l as f64)
+            });
+            println!(
+                "{:<17} {:>7} {:>9} {:>9.0} {:>9} {:>10} {:>9.4} {:>11.1}",
+                s.design,
+                s.rate,
+                limit,
+                s.fire_rate,
+                s.fire_peak_1s,
+                ratio,
+                s.redis_cmds_per_task,
+                s.redis_cpu_us_per_task
+            );
+        }
+    }
+    if steps.iter().any(|s| {
+        (s.design == "delaywheel" || s.limit.is_some())
+            && (s.lost > 0 || s.duplicates > 0 || s.early > 0)
+    }) {
         std::process::exit(1);
     }
 }

@@ -27,8 +27,9 @@ use std::time::Duration;
 /// lease renewed), and fires again as soon as it has one; it is neither handed back nor
 /// counted as a failure. Waiting tasks count against
 /// [`max_held`](crate::redis::QueueConfig::max_held); past [`max_waiting`](Self::max_waiting)
-/// of them, a consumer hands the newest back to the queue, due when the limit would let them
-/// run, so that a throttled topic does not fill the room other topics' tasks need.
+/// of them, a consumer hands the newest back to the queue (down to three quarters of it, in
+/// one call), due when the limit would let them run and at least a second later, so that a
+/// throttled topic does not fill the room other topics' tasks need.
 ///
 /// **Rate.** Starts are spaced by a GCRA on Redis's clock (one key per topic): any window of
 /// one period holds at most `limit + burst` starts, where the burst is a tenth of the limit

@@ -168,11 +168,25 @@ pub(super) fn admit(limiter: &Limiter, c: Claimed) -> Option<(Claimed, Option<Pe
 }
 
 /// Notes a claimed task of a rate-limited topic, for the loop to book its slot before it is due.
+/// One due within the booking lead wakes the loop at once: claimed just in time (after a
+/// wake-up), it would otherwise fire before the next round booked it, and be parked.
 pub(super) fn claimed(limiter: &Limiter, topic: &str, shard: u32, id: &str, due: u64) {
     if let Some(gate) = limiter.gates.get(topic) {
         if gate.limit.rate.is_some() {
             gate.st.lock().upcoming.insert((due, shard, id.to_owned()));
+            if due <= now_ms() + gate.lead_ms() {
+                gate.wake.notify_one();
+            }
         }
+    }
+}
+
+impl Gate {
+    /// How far ahead of their due time the loop books rate slots, in ms: half the burst
+    /// tolerance (so that one consumer's booking ahead never makes another's tasks wait), at
+    /// most the horizon.
+    pub(super) fn lead_ms(&self) -> u64 {
+        (self.limit.tolerance_ms() / 2.0).min(TopicLimit::HORIZON.as_millis() as f64) as u64
     }
 }
 

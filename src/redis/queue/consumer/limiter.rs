@@ -92,25 +92,27 @@ pub(super) async fn limiter_loop(
 /// within the lead (half the burst tolerance, so that one consumer's booking ahead does not
 /// make another's tasks wait). A slot later than its task's due time moves the task's timer.
 async fn book(shared: &Shared, timer: &Timer<Claimed>, gate: &Arc<Gate>) {
-    let lead = (gate.limit.tolerance_ms() / 2.0).min(HORIZON.as_millis() as f64) as u64;
+    let lead = gate.lead_ms();
     let now = now_ms();
-    let (asks, parked_asked) = {
+    let asks = {
         let mut st = gate.st.lock();
         // Bookings whose task went away (handed back, cancelled) are dropped after a while.
         st.booked.retain(|_, slot| *slot + 60_000 > now);
-        let parked_ok = st.rate_not_before.is_none_or(|t| Instant::now() >= t);
-        let mut asks: Vec<(Key, u64)> = if parked_ok {
-            st.parked
-                .iter()
-                .map(|c| (c.shard, c.envelope.id.clone()))
-                .filter(|k| !st.booked.contains_key(k))
-                .map(|k| (k, 0))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        // While the limit binds (the last ask left tasks without a slot), nothing is asked
+        // until half a horizon's worth of slots is free: the tasks about to be due would get
+        // none either (the parked ones come first), and asking on every round or wake-up
+        // would cost a call each.
+        if st.rate_not_before.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let mut asks: Vec<(Key, u64)> = st
+            .parked
+            .iter()
+            .map(|c| (c.shard, c.envelope.id.clone()))
+            .filter(|k| !st.booked.contains_key(k))
+            .map(|k| (k, 0))
+            .collect();
         asks.truncate(SLOTS_PER_CALL);
-        let parked_asked = !asks.is_empty();
         while asks.len() < SLOTS_PER_CALL {
             match st.upcoming.first() {
                 Some((due, _, _)) if *due <= now + lead => {
@@ -122,7 +124,7 @@ async fn book(shared: &Shared, timer: &Timer<Claimed>, gate: &Arc<Gate>) {
                 _ => break,
             }
         }
-        (asks, parked_asked)
+        asks
     };
     if asks.is_empty() {
         return;
@@ -168,7 +170,7 @@ async fn book(shared: &Shared, timer: &Timer<Claimed>, gate: &Arc<Gate>) {
             let half = HORIZON.as_millis() as u64 / 2;
             let wait = to_local(*next).saturating_sub(now_ms() + half);
             st.rate_not_before = Some(Instant::now() + Duration::from_millis(wait));
-        } else if parked_asked {
+        } else {
             st.rate_not_before = None;
         }
     }
@@ -347,8 +349,9 @@ fn dispatch(shared: &Shared, timer: &Timer<Claimed>, gate: &Gate) {
     }
 }
 
-/// Hands the newest parked tasks past the topic's `max_waiting` back to the queue, due when
-/// the limit would let them run, so that a throttled topic does not fill `held`.
+/// Once a topic has more than `max_waiting` tasks parked, hands the newest back to the queue
+/// (down to three quarters of `max_waiting`), due when the limit would let them run, so that a
+/// throttled topic does not fill `held`.
 fn surplus(shared: &Arc<Shared>, gate: &Gate) {
     let over: Vec<Claimed> = {
         let mut st = gate.st.lock();
@@ -356,18 +359,20 @@ fn surplus(shared: &Arc<Shared>, gate: &Gate) {
         if n <= gate.limit.max_waiting {
             return;
         }
-        let keep = gate.limit.max_waiting;
+        // Down to three quarters of it: handed back one by one as they park, the surplus
+        // would cost a call (and a wake-up of every consumer) per task.
+        let keep = (gate.limit.max_waiting * 3 / 4).max(1);
         st.parked.drain(keep..).collect()
     };
-    // Due when the tasks kept would have run: their count at the rate, or a slot's turn.
-    let wait_ms = match gate.limit.rate {
-        Some((limit, per)) => {
-            (per.as_millis() as u64).saturating_mul(gate.limit.max_waiting as u64)
-                / u64::from(limit)
-        }
+    // Due when the tasks kept would have run (their count at the rate), and at least a
+    // second ahead: each hand-back costs a claim and a give-back, so a backlog that came back
+    // sooner would cycle through this consumer many times before it runs. Without a rate,
+    // after a slot's turn.
+    let wait_ms = match gate.limit.interval_ms() {
+        Some(interval) => ((interval * gate.limit.max_waiting as f64) as u64).max(1_000),
         None => SLOT_TURN.as_millis() as u64,
     };
-    let due = now_ms().saturating_add(wait_ms.max(1));
+    let due = now_ms().saturating_add(wait_ms);
     let mut back = Vec::new();
     {
         let mut held = shared.held.lock();
