@@ -218,6 +218,36 @@ fn a_concurrency_cap_of_3_holds_across_four_consumers() {
 }
 
 #[test]
+fn a_concurrency_cap_holds_on_a_redis_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let mut cfg = QueueConfig::new(urls[0].clone(), "cap-cluster")
+        .limit("pay", TopicLimit::new().concurrency(2));
+    cfg.cluster_nodes = urls.clone();
+    cfg.shards = 6;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let p = producer(&rt, &cfg);
+    let (running, most, done) = <(Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>)>::default();
+    let consumers: Vec<Consumer> = (0..3)
+        .map(|_| {
+            let h = counting("pay", &running, &most, &done, Duration::from_millis(20));
+            Consumer::start(cfg.clone(), h).unwrap()
+        })
+        .collect();
+    let due = now_us() / 1_000 + 300;
+    let tasks: Vec<(String, u64)> = (0..100).map(|i| (format!("pay-{i}"), due)).collect();
+    enqueue_all(&rt, &p, "pay", tasks);
+    wait_until("every capped task", || done.load(SeqCst) >= 100);
+    for c in consumers {
+        c.shutdown(Duration::from_secs(5)).unwrap();
+    }
+    let most = most.load(SeqCst);
+    assert!(most <= 2, "{most} handlers ran at once under a cap of 2");
+    assert!(most == 2, "the cap was never used past 1");
+    assert!(cluster.nodes_with_keys() >= 2, "all shards on one node");
+}
+
+#[test]
 fn concurrency_slots_of_a_killed_consumer_come_back_after_its_lease() {
     let f = fixture("limit-crash", |cfg| {
         cfg.lease = Duration::from_secs(2);

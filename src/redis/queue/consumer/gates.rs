@@ -182,11 +182,13 @@ pub(super) fn claimed(limiter: &Limiter, topic: &str, shard: u32, id: &str, due:
 }
 
 impl Gate {
-    /// How far ahead of their due time the loop books rate slots, in ms: half the burst
-    /// tolerance (so that one consumer's booking ahead never makes another's tasks wait), at
-    /// most the horizon.
+    /// How far ahead of their due time the loop books rate slots, in ms: 0.8 of the burst
+    /// tolerance, at most the horizon. A slot is `max(due, tat − tolerance)`: while the tasks
+    /// booked ahead stay within the tolerance, another consumer's task due now still gets
+    /// its due time; and rounds come every half tolerance, so a task is booked at least 0.3
+    /// of it before it is due.
     pub(super) fn lead_ms(&self) -> u64 {
-        (self.limit.tolerance_ms() / 2.0).min(TopicLimit::HORIZON.as_millis() as f64) as u64
+        (self.limit.tolerance_ms() * 0.8).min(TopicLimit::HORIZON.as_millis() as f64) as u64
     }
 }
 

@@ -37,8 +37,8 @@ pub(super) async fn limiter_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let gates: Vec<Arc<Gate>> = shared.limiter.gates.values().cloned().collect();
-    // A round at least this often: half the smallest burst tolerance (the lead with which
-    // slots are booked), between 5 and 50 ms.
+    // A round at least this often: half the smallest burst tolerance (see `Gate::lead_ms`),
+    // between 5 and 50 ms.
     let round = gates
         .iter()
         .filter_map(|g| g.limit.rate.map(|_| g.limit.tolerance_ms() / 2.0))
