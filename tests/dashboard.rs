@@ -107,6 +107,16 @@ fn the_dashboard_shows_a_filled_queue_and_its_refreshes_change_the_figures() {
         rt.block_on(p.depth()).unwrap().dead == 3 && c.stats().acked == 7
     });
     c.shutdown(Duration::from_secs(5)).unwrap();
+    // Outcomes per shard too: the shards' counts add up to the topics'.
+    let shards = rt.block_on(p.shard_stats()).unwrap();
+    let (processed, failed) = shards
+        .iter()
+        .fold((0, 0), |(a, b), s| (a + s.processed, b + s.failed));
+    assert_eq!((processed, failed), (7, 3), "{shards:?}");
+    assert!(
+        shards.iter().all(|s| s.processed + s.failed > 0),
+        "ten tasks, one shard without any: {shards:?}"
+    );
     // 25 queued far ahead, and one overdue that no consumer claims: its latency grows.
     enqueue_all(
         &rt,
@@ -218,6 +228,38 @@ fn the_dashboard_shows_a_filled_queue_and_its_refreshes_change_the_figures() {
     assert!(
         dom.contains("<td>charge</td><td>0</td><td>3</td><td>0</td><td>3</td>"),
         "{dom}"
+    );
+    // Topics now, from the census: email's queued tasks (26 and what the feeder added) and
+    // its overdue one's latency; charge's three dead letters.
+    let census = dom
+        .split("<table id=\"census\">")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .unwrap_or_else(|| panic!("no census table:\n{dom}"));
+    let cells = |topic: &str| -> Vec<u64> {
+        census
+            .split(&format!("<tr><td>{topic}</td>"))
+            .nth(1)
+            .and_then(|r| r.split("</tr>").next())
+            .unwrap_or_else(|| panic!("no census row for {topic}:\n{census}"))
+            .split("<td>")
+            .filter_map(|c| c.split('<').next()?.parse().ok())
+            .collect()
+    };
+    let (email, charge) = (cells("email"), cells("charge"));
+    assert!(
+        email.len() == 4 && email[0] >= 26 && email[1] == 0 && email[2] == 0,
+        "email: queued, leased, dead, latency = {email:?}"
+    );
+    assert!(
+        email[3] >= 5_000,
+        "the overdue email task shows {} ms late",
+        email[3]
+    );
+    assert_eq!(
+        charge,
+        vec![0, 0, 3, 0],
+        "charge: queued, leased, dead, latency"
     );
     let png = std::fs::metadata(&shot).expect("a screenshot").len();
     assert!(png > 10_000, "a {png}-byte screenshot");

@@ -419,9 +419,12 @@
 //! * **Queue, pausing and inspecting.** [`Producer::pause`] pauses the whole queue (every
 //!   shard), not one topic: the claim script would have to step over a paused topic's tasks
 //!   without scanning, which needs an index per topic. Tasks claimed before a pause fire (at
-//!   most those due within `lookahead`). Depths and latency are per shard; per topic there are
-//!   only outcome counts ([`Producer::topic_counts`]), written by each consumer every
-//!   `reaper_interval`.
+//!   most those due within `lookahead`). Depths and latency are per shard; per topic the queue
+//!   keeps only outcome counts ([`Producer::topic_counts`]), written by each consumer every
+//!   `reaper_interval`: no script that moves a task reads its topic. The `delaywheel
+//!   dashboard` counts each topic's queued, leased and dead tasks and its latency by walking
+//!   the queue with [`Producer::list`], at most `--census-rate` tasks a second (10 000 by
+//!   default: a pass over a million tasks takes 100 s), and shows the last complete pass.
 //! * **Queue, limits.** Every consumer of a namespace is to carry the same [`TopicLimit`]s:
 //!   each limiter call carries its caller's. A start is counted at its slot: one that finds
 //!   every handler thread busy starts later, so starts can bunch past the limit while the

@@ -1,6 +1,8 @@
 //! `delaywheel dashboard`: a read-only page of the queue, served on loopback by hyper. One
 //! HTML page (`dashboard.html`, no build step) that polls `/api/stats` every `--refresh`
-//! seconds; every figure it shows comes from Redis, so it shows the whole fleet.
+//! seconds; every figure it shows comes from Redis, so it shows the whole fleet. The figures
+//! per topic now (queued, leased, dead, latency) come from the [`census`](crate::census),
+//! a paced walk of the queue, as of its last complete pass.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,8 +14,10 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use serde_json::json;
 
+use crate::census::{self, Census};
 use crate::{fail, Exit};
 
 const PAGE: &str = include_str!("dashboard.html");
@@ -26,14 +30,17 @@ async fn stats(
     p: &Producer,
     namespace: &str,
     refresh: Duration,
+    census: &Mutex<Option<Census>>,
 ) -> Result<serde_json::Value, QueueError> {
     let shards = p.shard_stats().await?;
     let topics = p.topic_counts().await?;
     let dead = p
         .list(ListState::Dead, &ListCursor::START, DEAD_SHOWN)
         .await?;
+    let census = census.lock().as_ref().map(Census::to_json);
     Ok(json!({
         "namespace": namespace,
+        "census": census,
         "at_ms": now_ms(),
         "refresh_ms": refresh.as_millis() as u64,
         "paused": shards.iter().any(|s| s.paused),
@@ -44,6 +51,8 @@ async fn stats(
             "dead": s.dead,
             "latency_ms": s.latency.as_millis() as u64,
             "paused": s.paused,
+            "processed": s.processed,
+            "failed": s.failed,
         })).collect::<Vec<_>>(),
         "topics": topics.iter().map(|t| json!({
             "topic": t.topic,
@@ -85,6 +94,7 @@ async fn route(
     p: Arc<Producer>,
     namespace: Arc<str>,
     refresh: Duration,
+    census: Arc<Mutex<Option<Census>>>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != Method::GET {
         return Ok(respond(
@@ -95,7 +105,7 @@ async fn route(
     }
     Ok(match req.uri().path() {
         "/" => respond(StatusCode::OK, "text/html; charset=utf-8", PAGE),
-        "/api/stats" => match stats(&p, &namespace, refresh).await {
+        "/api/stats" => match stats(&p, &namespace, refresh, &census).await {
             Ok(v) => respond(StatusCode::OK, "application/json", v.to_string()),
             Err(e) => respond(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -107,12 +117,14 @@ async fn route(
     })
 }
 
-/// Serves the dashboard on `listen` until the process is stopped.
+/// Serves the dashboard on `listen` until the process is stopped, its census reading at most
+/// `census_rate` tasks a second.
 pub(crate) async fn serve(
     p: Producer,
     namespace: &str,
     listen: SocketAddr,
     refresh: Duration,
+    census_rate: u64,
 ) -> Exit {
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(l) => l,
@@ -121,6 +133,8 @@ pub(crate) async fn serve(
     let addr = listener.local_addr().unwrap_or(listen);
     println!("dashboard of {namespace:?} at http://{addr}/ (read-only; Ctrl-C stops it)");
     let (p, namespace) = (Arc::new(p), Arc::<str>::from(namespace));
+    let last = Arc::new(Mutex::new(None));
+    tokio::spawn(census::run(p.clone(), census_rate, refresh, last.clone()));
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -131,10 +145,10 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let (p, namespace) = (p.clone(), namespace.clone());
+        let (p, namespace, last) = (p.clone(), namespace.clone(), last.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                route(req, p.clone(), namespace.clone(), refresh)
+                route(req, p.clone(), namespace.clone(), refresh, last.clone())
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)

@@ -7,6 +7,7 @@
 //! other kind, a refused requeue); 2 a usage error (clap's, a bad cursor, a bad refresh, a
 //! `--limit` of 0); 3 the id is not there.
 
+mod census;
 mod commands;
 mod dashboard;
 mod output;
@@ -89,8 +90,9 @@ enum Command {
     Resume,
     /// The periodic schedules registered for the queue.
     Schedules,
-    /// Serves a read-only page of the queue (shards, topics, a chart of the last minutes,
-    /// the dead letters) that refreshes itself. It binds to loopback by default: to reach it
+    /// Serves a read-only page of the queue (shards, topics, a census of each topic's
+    /// queued, leased and dead tasks, a chart of the last minutes, the dead letters) that
+    /// refreshes itself. It binds to loopback by default: to reach it
     /// from elsewhere, put it behind a reverse proxy that authenticates (it has no login).
     Dashboard {
         /// Address to listen on.
@@ -99,6 +101,10 @@ enum Command {
         /// Seconds between the page's refreshes.
         #[arg(long, default_value_t = 2.0)]
         refresh: f64,
+        /// Tasks a second, at most, that the census of topics reads (it walks the whole
+        /// queue to count each topic's queued, leased and dead tasks).
+        #[arg(long, default_value_t = 10_000)]
+        census_rate: u64,
     },
 }
 
@@ -159,13 +165,22 @@ async fn run(cli: Cli) -> Exit {
         }
         Err(e) => return fail("cannot open the queue", &e),
     };
-    if let Command::Dashboard { listen, refresh } = cli.command {
+    if let Command::Dashboard {
+        listen,
+        refresh,
+        census_rate,
+    } = cli.command
+    {
         if !(0.1..=3600.0).contains(&refresh) {
             eprintln!("delaywheel: --refresh must be between 0.1 and 3600 seconds");
             return Exit::Usage;
         }
+        if census_rate == 0 {
+            eprintln!("delaywheel: --census-rate must be at least 1");
+            return Exit::Usage;
+        }
         let every = std::time::Duration::from_secs_f64(refresh);
-        return dashboard::serve(producer, &cli.namespace, listen, every).await;
+        return dashboard::serve(producer, &cli.namespace, listen, every, census_rate).await;
     }
     commands::run(&producer, cli.command, cli.json).await
 }

@@ -176,6 +176,12 @@ pub struct ShardStats {
     pub latency: Duration,
     /// Whether it is paused.
     pub paused: bool,
+    /// Handlers of its tasks that succeeded, and that failed, since the queue started: as the
+    /// consumers write them to the `stats` hash, every `reaper_interval` (a lower bound, as
+    /// [`TopicCounts`]).
+    pub processed: u64,
+    /// See `processed`.
+    pub failed: u64,
 }
 
 /// Bytes as a string, lossily; scores and ids another client wrote need not be UTF-8.
@@ -496,10 +502,26 @@ impl Producer {
         Ok(by_topic.into_values().collect())
     }
 
-    /// Every shard's depths, latency and pause, in shard order: one pipeline of five reads
-    /// per shard.
+    /// Every shard's depths, latency, pause and outcome counts, in shard order: one pipeline
+    /// of five reads per shard, and one `HMGET` of the counts.
     pub async fn shard_stats(&self) -> Result<Vec<ShardStats>, QueueError> {
         let mut out = Vec::with_capacity(self.shards.len());
+        // The outcome counts of every shard: one HMGET of the stats hash.
+        let mut conn = self.conn.conn.clone();
+        self.conn.count(1);
+        let mut get = redis::cmd("HMGET");
+        get.arg(self.shards[0].stats());
+        for i in 0..self.shards.len() {
+            get.arg(format!("shard:{i}:processed"))
+                .arg(format!("shard:{i}:failed"));
+        }
+        let counts: Vec<Option<String>> = get.query_async(&mut conn).await?;
+        let count = |k: usize| {
+            counts
+                .get(k)
+                .and_then(|v| v.as_deref()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         for (i, keys) in self.shards.iter().enumerate() {
             let (depth, oldest) = sample_shard(&self.conn, keys, true).await?;
             let mut conn = self.conn.conn.clone();
@@ -519,6 +541,8 @@ impl Producer {
                 dead: depth.dead,
                 latency: Duration::from_millis(late),
                 paused: paused == 1,
+                processed: count(2 * i),
+                failed: count(2 * i + 1),
             });
         }
         Ok(out)

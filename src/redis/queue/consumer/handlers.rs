@@ -138,6 +138,7 @@ fn settle(
     } = c;
     let topic = shared.by_topic.of(envelope.topic.as_ref());
     topic.ran(took, result.is_ok());
+    shared.by_topic.shard_ran(shard, result.is_ok());
     match result {
         Ok(()) => Outcome::Ack {
             shard,

@@ -117,6 +117,7 @@ impl Consumer {
             by_topic: super::topic_metrics::ByTopic::register(
                 &cfg.namespace,
                 handlers.map.keys().map(String::as_str),
+                cfg.shards,
             ),
             handlers,
             held: Mutex::new(HashMap::new()),

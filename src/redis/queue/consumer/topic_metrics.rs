@@ -77,18 +77,22 @@ impl TopicMetrics {
     }
 }
 
-/// Every topic's series, and the `unknown` one.
+/// Every topic's series, and the `unknown` one; and per shard, the handlers that succeeded
+/// and failed since the counts were last written.
 pub(super) struct ByTopic {
     known: HashMap<String, TopicMetrics>,
     unknown: TopicMetrics,
+    by_shard: Vec<[AtomicU64; 2]>,
 }
 
 impl ByTopic {
     pub(super) fn register<'a>(
         namespace: &str,
         topics: impl IntoIterator<Item = &'a str>,
+        shards: u32,
     ) -> ByTopic {
         ByTopic {
+            by_shard: (0..shards).map(|_| Default::default()).collect(),
             known: topics
                 .into_iter()
                 .map(|t| (t.to_owned(), TopicMetrics::register(namespace, t)))
@@ -102,6 +106,13 @@ impl ByTopic {
         self.known.get(topic).unwrap_or(&self.unknown)
     }
 
+    /// A handler of a task of `shard` succeeded (`ok`) or failed.
+    pub(super) fn shard_ran(&self, shard: u32, ok: bool) {
+        if let Some(counts) = self.by_shard.get(shard as usize) {
+            counts[usize::from(!ok)].fetch_add(1, Relaxed);
+        }
+    }
+
     fn all(&self) -> impl Iterator<Item = (&str, &TopicMetrics)> {
         self.known
             .iter()
@@ -110,7 +121,9 @@ impl ByTopic {
     }
 
     /// Adds the counts since the last call to the queue's `stats` hash (`topic|processed`,
-    /// `topic|failed`, `topic|retried`, `topic|dead_lettered`): one script call adding every
+    /// `topic|failed`, `topic|retried`, `topic|dead_lettered`, and per shard
+    /// `shard:<i>:processed`, `shard:<i>:failed`, which no topic's field can be: they have no
+    /// `|`): one script call adding every
     /// count that moved, none if nothing moved. Counts are kept for the next call only when
     /// the call surely did not run; one that may have run (its reply lost) is not sent again,
     /// so a count is never added twice (it may be lost: the dashboards' figures are a lower
@@ -130,6 +143,19 @@ impl ByTopic {
                 }
             }
         }
+        let by_shard: Vec<[u64; 2]> = self
+            .by_shard
+            .iter()
+            .map(|c| [c[0].swap(0, Relaxed), c[1].swap(0, Relaxed)])
+            .collect();
+        for (i, counts) in by_shard.iter().enumerate() {
+            for (field, count) in ["processed", "failed"].iter().zip(counts) {
+                if *count > 0 {
+                    inv.arg(format!("shard:{i}:{field}")).arg(*count);
+                    n += 1;
+                }
+            }
+        }
         if n == 0 {
             return;
         }
@@ -140,6 +166,10 @@ impl ByTopic {
                 tracing::debug!(error = %e, "could not write the topic counts; kept for the next round");
                 for (m, counts) in taken {
                     m.put_back(counts);
+                }
+                for (c, counts) in self.by_shard.iter().zip(by_shard) {
+                    c[0].fetch_add(counts[0], Relaxed);
+                    c[1].fetch_add(counts[1], Relaxed);
                 }
             }
         }
