@@ -1,5 +1,6 @@
 //! Rate limits and concurrency caps per topic, held across several consumers, on one Redis and
 //! on a 3-node cluster: the counts are taken by the handlers themselves.
+#![cfg(feature = "redis")]
 
 #[path = "support/queue_kit.rs"]
 mod queue_kit;
@@ -211,6 +212,12 @@ fn a_concurrency_cap_of_3_holds_across_four_consumers() {
     for c in consumers {
         c.shutdown(Duration::from_secs(5)).unwrap();
     }
+    let left = f.server.run(&["ZCARD", "{limit-cap:limit:pay}:running"]);
+    assert_eq!(
+        left,
+        redis::Value::Int(0),
+        "slots left after every shutdown"
+    );
     let most = most.load(SeqCst);
     assert!(most <= 3, "{most} handlers ran at once under a cap of 3");
     assert!(most >= 2, "the cap was never used past 1: {most}");

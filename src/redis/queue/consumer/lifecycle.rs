@@ -405,6 +405,14 @@ impl Consumer {
                 let key = shared.shards[0].stats();
                 let _ = tokio::time::timeout(left, shared.by_topic.write(&shared.conn, key)).await;
             });
+            // The concurrency slots, once no handler runs (else they end with their lease).
+            if !self.shared.aborted.load(SeqCst) && self.shared.busy.load(SeqCst) == 0 {
+                let shared = self.shared.clone();
+                let left = remaining(deadline).max(Duration::from_millis(100));
+                wait_on(&rt, async move {
+                    let _ = tokio::time::timeout(left, super::limiter::release_all(&shared)).await;
+                });
+            }
             if !matches!(drained, Some(Ok(Ok(())))) {
                 // Acks, retries or dead letters of finished handlers are dropped with the
                 // runtime: their tasks run again after their leases. Said, not hidden.

@@ -71,26 +71,45 @@ pub(super) async fn limiter_loop(
             surplus(&shared, gate);
         }
     }
-    // Stopping: every concurrency slot goes back, for the other consumers; not after `abort`,
-    // which stops as a crash would (the slots end with their lease).
+    // Stopping: the idle concurrency slots go back, for the other consumers; those lent to
+    // handlers still running go back once they end (`release_all`, from `shutdown`). Not
+    // after `abort`, which stops as a crash would (the slots end with their lease).
     if shared.aborted.load(Relaxed) {
         return;
     }
     for gate in &gates {
         let names: Vec<String> = {
             let mut st = gate.st.lock();
-            st.free.clear();
-            let names: Vec<String> = st.names.drain().collect();
-            st.give_back.extend(names);
-            std::mem::take(&mut st.give_back)
+            let idle: Vec<Slot> = std::mem::take(&mut st.free);
+            for s in &idle {
+                st.names.remove(&s.name);
+            }
+            let mut names = std::mem::take(&mut st.give_back);
+            names.extend(idle.into_iter().map(|s| s.name));
+            names
         };
         release(&shared, gate, names).await;
     }
 }
 
+/// Gives back every concurrency slot still held: `shutdown` calls it once the handlers have
+/// ended (a slot lent to a handler still running must not go back while it runs).
+pub(super) async fn release_all(shared: &Shared) {
+    for gate in shared.limiter.gates.values() {
+        let names: Vec<String> = {
+            let mut st = gate.st.lock();
+            st.free.clear();
+            let mut names: Vec<String> = st.names.drain().collect();
+            names.append(&mut st.give_back);
+            names
+        };
+        release(shared, gate, names).await;
+    }
+}
+
 /// Books rate slots: for the parked tasks with none (due now), and for the held tasks due
-/// within the lead (half the burst tolerance, so that one consumer's booking ahead does not
-/// make another's tasks wait). A slot later than its task's due time moves the task's timer.
+/// within the lead (see `Gate::lead_ms`). A slot later than its task's due time moves the
+/// task's timer.
 async fn book(shared: &Shared, timer: &Timer<Claimed>, gate: &Arc<Gate>) {
     let lead = gate.lead_ms();
     let now = now_ms();
