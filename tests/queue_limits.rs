@@ -255,6 +255,54 @@ fn a_concurrency_cap_holds_on_a_redis_cluster() {
 }
 
 #[test]
+fn a_rate_limit_and_a_cap_together_hold_both() {
+    let f = fixture("limit-both", |cfg| {
+        *cfg = cfg.clone().limit(
+            "pay",
+            TopicLimit::new()
+                .rate(50, Duration::from_secs(1))
+                .concurrency(2),
+        );
+    });
+    let (running, most, done) = <(Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>)>::default();
+    let fired: Fired = Arc::default();
+    let consumers: Vec<Consumer> = (0..4)
+        .map(|i| {
+            let (running, most, done, fired) =
+                (running.clone(), most.clone(), done.clone(), fired.clone());
+            let h = Handlers::new().on("pay", move |t| {
+                fired
+                    .lock()
+                    .entry(t.id.clone())
+                    .or_default()
+                    .push((i, now_us()));
+                let now = running.fetch_add(1, SeqCst) + 1;
+                most.fetch_max(now, SeqCst);
+                std::thread::sleep(Duration::from_millis(25));
+                running.fetch_sub(1, SeqCst);
+                done.fetch_add(1, SeqCst);
+                Ok(())
+            });
+            Consumer::start(f.cfg.clone(), h).unwrap()
+        })
+        .collect();
+    backlog(&f, "pay", 200);
+    wait_until("every task under both limits", || done.load(SeqCst) >= 200);
+    for c in consumers {
+        c.shutdown(Duration::from_secs(5)).unwrap();
+    }
+    let most = most.load(SeqCst);
+    assert!(most <= 2, "{most} handlers ran at once under a cap of 2");
+    let mut s = starts(&fired);
+    assert_eq!(s.len(), 200, "a task ran twice");
+    let in_a_second = most_in_a_window(&mut s, 1_000_000);
+    assert!(
+        in_a_second <= 55,
+        "{in_a_second} starts in one second, over 50 + burst 5"
+    );
+}
+
+#[test]
 fn concurrency_slots_of_a_killed_consumer_come_back_after_its_lease() {
     let f = fixture("limit-crash", |cfg| {
         cfg.lease = Duration::from_secs(2);

@@ -85,14 +85,14 @@ impl TopicLimit {
     }
 
     /// At most `max` handlers at once. Checked when the consumer starts: 0 is
-    /// [`QueueError::Config`].
+    /// [`QueueError::Config`](crate::redis::QueueError::Config).
     pub fn concurrency(mut self, max: u32) -> TopicLimit {
         self.concurrency = Some(max);
         self
     }
 
     /// Waiting tasks a consumer keeps, at most (checked when the consumer starts: 0 is
-    /// [`QueueError::Config`]).
+    /// [`QueueError::Config`](crate::redis::QueueError::Config)).
     pub fn max_waiting(mut self, n: usize) -> TopicLimit {
         self.max_waiting = n;
         self

@@ -27,6 +27,10 @@ use crate::redis::wall_clock::now_ms;
 
 use super::claimed::Claimed;
 
+/// How late after its rate slot a task may still start on it, in ms (a start counts at its
+/// slot, so this much is added to the bound of any window).
+pub(super) const LATE_START_MS: u64 = 5;
+
 /// The longest wait between two asks for concurrency slots while none is free.
 pub(super) const MAX_SLOT_POLL: Duration = Duration::from_millis(100);
 
@@ -37,6 +41,11 @@ pub(super) struct Limiter {
 }
 
 impl Limiter {
+    /// Whether any topic has a concurrency cap.
+    pub(super) fn has_caps(&self) -> bool {
+        self.gates.values().any(|g| g.limit.concurrency.is_some())
+    }
+
     pub(super) fn new(cfg: &crate::redis::QueueConfig) -> Limiter {
         let wake = Arc::new(Notify::new());
         let gates = cfg
@@ -144,7 +153,14 @@ pub(super) fn admit(limiter: &Limiter, c: Claimed) -> Option<(Claimed, Option<Pe
     st.upcoming
         .remove(&(c.envelope.due_at, key.0, key.1.clone()));
     let slot_free = gate.limit.concurrency.is_none() || !st.free.is_empty();
-    // A slot booked for now (or passed: its timer or a handler thread came late).
+    // A slot booked for now, or passed by at most `LATE_START` (its timer or a handler
+    // thread came late). One passed by more is void: started now, it could bunch with the
+    // starts of the slots after it past the limit; the task is booked again.
+    if let Some(&slot) = st.booked.get(&key) {
+        if slot + LATE_START_MS < now {
+            st.booked.remove(&key);
+        }
+    }
     let rate_ok =
         gate.limit.rate.is_none() || st.booked.get(&key).is_some_and(|&slot| slot <= now + 1);
     if !(slot_free && rate_ok) {
@@ -183,12 +199,17 @@ pub(super) fn claimed(limiter: &Limiter, topic: &str, shard: u32, id: &str, due:
 
 impl Gate {
     /// How far ahead of their due time the loop books rate slots, in ms: 0.8 of the burst
-    /// tolerance, at most the horizon. A slot is `max(due, tat − tolerance)`: while the tasks
+    /// tolerance (at least 20 ms), at most the horizon. A slot is `max(due, tat − tolerance)`: while the tasks
     /// booked ahead stay within the tolerance, another consumer's task due now still gets
     /// its due time; and rounds come every half tolerance, so a task is booked at least 0.3
     /// of it before it is due.
     pub(super) fn lead_ms(&self) -> u64 {
-        (self.limit.tolerance_ms() * 0.8).min(TopicLimit::HORIZON.as_millis() as f64) as u64
+        // At least 20 ms: with a burst of 1 (a limit under 20 per period) the tolerance is
+        // zero, and nothing would be booked before it is due. Booking ahead then moves the
+        // slot of another consumer's task due sooner by up to this much.
+        (self.limit.tolerance_ms() * 0.8)
+            .max(20.0)
+            .min(TopicLimit::HORIZON.as_millis() as f64) as u64
     }
 }
 

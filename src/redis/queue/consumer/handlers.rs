@@ -29,10 +29,6 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
     if shared.aborted.load(SeqCst) {
         return; // "crashing"
     }
-    // A limited topic's task without its permits is parked, still held, for the limiter loop.
-    let Some((c, permit)) = super::gates::admit(&shared.limiter, c) else {
-        return;
-    };
     // With `async` handlers, a handler of either kind runs in a slot: a task waits for one
     // here, still in `held`, so that a stall or `shutdown` can hand it back meanwhile.
     #[cfg(feature = "tokio")]
@@ -42,6 +38,11 @@ pub(super) fn fire(shared: &Arc<Shared>, c: Claimed) {
             None => return, // closed by `shutdown` or `abort`
         },
         None => None,
+    };
+    // A limited topic's task without its permits is parked, still held, for the limiter loop;
+    // asked for here, right before the start, after any wait for a slot.
+    let Some((c, permit)) = super::gates::admit(&shared.limiter, c) else {
+        return;
     };
     if !start(shared, &c) {
         return;

@@ -329,11 +329,22 @@ impl Consumer {
                 }
                 let rest: Vec<_> = {
                     let mut held = self.shared.held.lock();
+                    // And the tasks the limiter parked while the handlers finished (fired,
+                    // no permit): held, out of the wheel.
+                    let parked = super::gates::take_parked(&self.shared.limiter);
                     undelivered
                         .into_iter()
-                        .filter_map(|p| {
-                            let c = p.value;
-                            let (_, owner, due) = held.remove(&(c.shard, c.envelope.id.clone()))?;
+                        .map(|p| p.value)
+                        .chain(parked)
+                        .filter_map(|c| {
+                            let key = (c.shard, c.envelope.id.clone());
+                            if held
+                                .get(&key)
+                                .is_none_or(|(_, owner, _)| **owner != *c.owner)
+                            {
+                                return None;
+                            }
+                            let (_, owner, due) = held.remove(&key)?;
                             Some((c.shard, c.envelope.id, owner, due))
                         })
                         .collect()

@@ -45,8 +45,6 @@ pub(super) async fn limiter_loop(
         .fold(50.0f64, f64::min)
         .clamp(5.0, 50.0);
     let round = Duration::from_micros((round * 1e3) as u64);
-    let renew_every = (shared.cfg.lease / 3).max(Duration::from_millis(1));
-    let mut last_renewal = Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(round) => {}
@@ -56,16 +54,12 @@ pub(super) async fn limiter_loop(
         if *stop.borrow() {
             break;
         }
-        let renew = last_renewal.elapsed() >= renew_every;
-        if renew {
-            last_renewal = Instant::now();
-        }
         for gate in &gates {
             if gate.limit.rate.is_some() {
                 book(&shared, &timer, gate).await;
             }
             if gate.limit.concurrency.is_some() {
-                slots(&shared, gate, renew).await;
+                slots(&shared, gate).await;
             }
             dispatch(&shared, &timer, gate);
             surplus(&shared, gate);
@@ -114,6 +108,9 @@ async fn book(shared: &Shared, timer: &Timer<Claimed>, gate: &Arc<Gate>) {
     let lead = gate.lead_ms();
     let now = now_ms();
     let asks = {
+        // `held` first (the lock order): a task no longer held (handed back by the stall loop,
+        // or claimed again) is not booked for.
+        let held = shared.held.lock();
         let mut st = gate.st.lock();
         // Bookings whose task went away (handed back, cancelled) are dropped after a while.
         st.booked.retain(|_, slot| *slot + 60_000 > now);
@@ -124,25 +121,41 @@ async fn book(shared: &Shared, timer: &Timer<Claimed>, gate: &Arc<Gate>) {
         if st.rate_not_before.is_some_and(|t| Instant::now() < t) {
             return;
         }
+        // With a cap too, only as many parked tasks as there are idle concurrency slots: a
+        // slot booked for a task that then waits for a concurrency slot would pass unused.
+        let room = if gate.limit.concurrency.is_some() {
+            st.free.len()
+        } else {
+            SLOTS_PER_CALL
+        };
         let mut asks: Vec<(Key, u64)> = st
             .parked
             .iter()
+            .filter(|c| {
+                held.get(&(c.shard, c.envelope.id.clone()))
+                    .is_some_and(|(_, owner, _)| **owner == *c.owner)
+            })
             .map(|c| (c.shard, c.envelope.id.clone()))
             .filter(|k| !st.booked.contains_key(k))
+            .take(room.min(SLOTS_PER_CALL))
             .map(|k| (k, 0))
             .collect();
-        asks.truncate(SLOTS_PER_CALL);
         while asks.len() < SLOTS_PER_CALL {
             match st.upcoming.first() {
                 Some((due, _, _)) if *due <= now + lead => {
                     let Some((due, shard, id)) = st.upcoming.pop_first() else {
                         break;
                     };
-                    asks.push(((shard, id), due));
+                    let key = (shard, id);
+                    if held.contains_key(&key) {
+                        asks.push((key, due));
+                    }
                 }
                 _ => break,
             }
         }
+        drop(st);
+        drop(held);
         asks
     };
     if asks.is_empty() {
@@ -211,22 +224,26 @@ async fn book(shared: &Shared, timer: &Timer<Claimed>, gate: &Arc<Gate>) {
     }
 }
 
-/// Concurrency slots: gives back the idle ones and those whose turn ended, takes as many as
-/// the parked tasks need, and renews the leases of those held (every `lease / 3`).
-async fn slots(shared: &Shared, gate: &Arc<Gate>, renew: bool) {
+/// Concurrency slots: gives back the idle ones and those whose turn ended, and takes as many
+/// as the parked tasks need.
+async fn slots(shared: &Shared, gate: &Arc<Gate>) {
     let cap = gate.limit.concurrency.unwrap_or(u32::MAX);
     let (give, want, first) = {
         let mut st = gate.st.lock();
         let now = Instant::now();
-        if st.parked.is_empty() {
-            let (keep, idle): (Vec<Slot>, Vec<Slot>) = std::mem::take(&mut st.free)
-                .into_iter()
-                .partition(|s| now.duration_since(s.idle_since) < LINGER);
-            st.free = keep;
-            for s in idle {
-                st.names.remove(&s.name);
-                st.give_back.push(s.name);
-            }
+        // Idle for LINGER: back to Redis, also while tasks are parked (waiting for a rate
+        // slot, say), so that a throttled consumer does not sit on slots others could use;
+        // then not asked for again for a poll interval.
+        let (keep, idle): (Vec<Slot>, Vec<Slot>) = std::mem::take(&mut st.free)
+            .into_iter()
+            .partition(|s| now.duration_since(s.idle_since) < LINGER);
+        st.free = keep;
+        if !idle.is_empty() && !st.parked.is_empty() {
+            st.slot_not_before = Some(now + MAX_SLOT_POLL);
+        }
+        for s in idle {
+            st.names.remove(&s.name);
+            st.give_back.push(s.name);
         }
         let give = std::mem::take(&mut st.give_back);
         let need = st.parked.len().saturating_sub(st.free.len());
@@ -274,10 +291,16 @@ async fn slots(shared: &Shared, gate: &Arc<Gate>, renew: bool) {
             Err(e) => tracing::debug!(error = %e, "taking concurrency slots failed"),
         }
     }
-    if renew {
+}
+
+/// Renews the leases of the concurrency slots this consumer holds. The resolver calls it every
+/// `lease / 3`, until the last outcome is written: a handler still running during a shutdown
+/// keeps its slot.
+pub(super) async fn renew_slots(shared: Arc<Shared>) {
+    for gate in shared.limiter.gates.values() {
         let names: Vec<String> = gate.st.lock().names.iter().cloned().collect();
         if names.is_empty() {
-            return;
+            continue;
         }
         let mut inv = scripts::SLOTS_RENEW.prepare_invoke();
         inv.key(&gate.running_key)
@@ -412,15 +435,8 @@ fn surplus(shared: &Arc<Shared>, gate: &Gate) {
         tasks = back.len(),
         "parked tasks past max_waiting handed back"
     );
-    // Through the stall loop's list: tried again until Redis has them, renewed meanwhile.
-    let shared2 = shared.clone();
-    tokio::spawn(async move {
-        let deadline = Instant::now() + shared2.cfg.lease / 3;
-        let (given, failure) =
-            super::stall::hand_back(shared2.clone(), back.clone(), deadline).await;
-        shared2.counters.given_back.fetch_add(given as u64, Relaxed);
-        if failure.is_some() {
-            shared2.handing_back.lock().extend(back);
-        }
-    });
+    // Through the stall loop's list: handed back at its next check (within a second), tried
+    // again until Redis has them, their leases renewed meanwhile, and by `shutdown` if it
+    // comes first.
+    shared.handing_back.lock().extend(back);
 }

@@ -38,6 +38,11 @@ pub(super) async fn resolve(
     let mut renew_tick =
         tokio::time::interval((shared.cfg.lease / 3).max(Duration::from_millis(1)));
     renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The concurrency slots of limited topics, renewed whatever `renew_leases` says (a slot
+    // is never held past its lease by a consumer that still runs a handler on it).
+    let mut slot_tick = tokio::time::interval((shared.cfg.lease / 3).max(Duration::from_millis(1)));
+    slot_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let caps = shared.limiter.has_caps();
     loop {
         let mut flush_now = finishing;
         // The shard whose outbox changed, to send what it can.
@@ -79,6 +84,10 @@ pub(super) async fn resolve(
                         writes.spawn(renew(shared.clone(), shard, tasks), Job::Renewal { shard });
                     }
                 }
+                continue;
+            }
+            _ = slot_tick.tick(), if caps => {
+                tokio::spawn(super::limiter::renew_slots(shared.clone()));
                 continue;
             }
             _ = &mut finish, if !finishing => {

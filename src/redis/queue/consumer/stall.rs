@@ -133,6 +133,8 @@ pub(super) async fn stall_loop(
             })
             .collect();
         shared.handing_back.lock().extend(taken);
+        // The limiter's parked copies of what was taken: no longer this consumer's to run.
+        drop(super::gates::take_parked(&shared.limiter));
         retry_hand_back(&shared, &mut stop).await;
     }
 }
@@ -159,7 +161,7 @@ pub(super) async fn retry_hand_back(shared: &Arc<Shared>, stop: &mut watch::Rece
             // Only what this call carried: the loop alone adds to the list, between calls.
             let n = carried.min(list.len());
             list.drain(..n);
-            tracing::info!(consumer = %shared.id, tasks = given, "held tasks handed back: the handlers are stuck");
+            tracing::info!(consumer = %shared.id, tasks = given, "held tasks handed back (the handlers were stuck, or a limited topic had too many waiting)");
         }
         Some(e) => {
             tracing::warn!(consumer = %shared.id, error = %e, tasks = carried, "handing back held tasks failed; trying again");
