@@ -1,5 +1,5 @@
 # `make test` is what CI runs (.ci/run) on a fresh clone: it installs what the checks need
-# (rustfmt, clippy, redis-server, chromium, python3),
+# (rustfmt, clippy, redis-server, PostgreSQL, chromium, python3),
 # then checks the module graph of src/ (no import cycle, the layers), runs fmt --check,
 # clippy -D warnings, the whole test suite, and the smoke modes of the benches and examples.
 # Benchmarks proper are `make bench`; they never run in `make test`.
@@ -53,6 +53,12 @@ deps:
 		echo "chromium missing (the dashboard test's headless browser): installing it with apt-get"; \
 		($(APT) update -qq && $(APT) install -y -qq chromium) || { \
 			echo "could not install chromium: install it (e.g. apt-get install chromium), or set CHROMIUM to a Chromium binary, and re-run"; exit 1; }; }
+	@# The PostgreSQL tests start their own server (initdb into a temp dir; as an unprivileged
+	@# user when run as root). Debian keeps initdb under /usr/lib/postgresql/<version>/bin.
+	@{ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || [ -n "$$PG_BIN" ]; } || { \
+		echo "PostgreSQL's server (initdb) missing: installing it with apt-get"; \
+		($(APT) update -qq && $(APT) install -y -qq postgresql) || { \
+			echo "could not install PostgreSQL: install it (e.g. apt-get install postgresql), or set PG_BIN to the directory of its initdb, and re-run"; exit 1; }; }
 	@# The module graph check (.ci/layers.py) is Python 3, standard library only.
 	@command -v python3 >/dev/null || { \
 		echo "python3 missing: installing it with apt-get"; \
@@ -94,6 +100,7 @@ unit:
 	$(CARGO) clippy --lib --features redis -- -D warnings
 	$(CARGO) clippy --lib --features periodic -- -D warnings
 	$(CARGO) clippy --lib --features hyper,tower,otel -- -D warnings
+	$(CARGO) clippy --lib --features postgres -- -D warnings
 
 # No broken intra-doc link (docs.rs shows every feature), and the fuzz crate still builds.
 docs:

@@ -54,6 +54,9 @@ pub mod redis;
 #[cfg(any(feature = "hyper", feature = "tower"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "hyper", feature = "tower"))))]
 pub mod http;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 
 #[cfg(feature = "futures")]
 #[cfg_attr(docsrs, doc(cfg(feature = "futures")))]

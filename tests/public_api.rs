@@ -322,6 +322,23 @@ mod http_features {
     }
 }
 
+#[cfg(feature = "postgres")]
+mod postgres_feature {
+    use super::{named, type_name};
+
+    use delaywheel::postgres;
+    use delaywheel::postgres::PgConfig;
+    use delaywheel::postgres::PgError;
+    use delaywheel::postgres::PgStore;
+
+    #[test]
+    fn postgres_items_resolve() {
+        let names = types![PgConfig, PgError, PgStore];
+        assert_eq!(names.len(), 3);
+        assert_eq!(type_name::<postgres::PgStore>(), type_name::<PgStore>());
+    }
+}
+
 #[cfg(feature = "periodic")]
 mod periodic_feature {
     use super::named;

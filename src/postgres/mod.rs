@@ -1,0 +1,55 @@
+//! A [`TaskStore`](crate::redis::TaskStore) on PostgreSQL (feature `postgres`):
+//! [`PgStore`] keeps a [`Persistent`](crate::redis::Persistent) engine's pending tasks in a
+//! table, for services that run PostgreSQL and no Redis.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use delaywheel::postgres::{PgConfig, PgStore};
+//! use delaywheel::redis::{PersistConfig, Persistent};
+//!
+//! let store = PgStore::connect(PgConfig::new("host=/run/postgresql user=app dbname=app", "orders")).await?;
+//! // `url` is not used with a store of its own; the namespace names the engine's rows.
+//! let (engine, fired) = Persistent::with_store(PersistConfig::new("", "orders"), store)?;
+//! # drop((engine, fired));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Schema
+//!
+//! Created by the store on first use, by numbered migrations recorded in
+//! `<schema>.<prefix>_migrations` and run under a transaction-scoped advisory lock (so two
+//! processes starting together migrate once, and it works behind PgBouncer's transaction
+//! pooling). One table per role, keyed by namespace:
+//!
+//! | table | columns | |
+//! |---|---|---|
+//! | `<prefix>_tasks` | `ns text, id text, due_ms bigint, envelope bytea`, key `(ns, id)` | pending tasks; index `(ns, due_ms, id)` serves restore in due order |
+//! | `<prefix>_dead` | `ns text, id text, reason text, raw bytea, at_ms bigint`, key `(ns, id)` | rows a restore could not decode |
+//! | `<prefix>_lease` | `ns text, holder text, expires_at timestamptz, takes bigint, last_taker text`, key `ns` | the writer lease |
+//!
+//! A table that exists with other columns is refused at connect ([`PgError::Shape`], naming
+//! the table). `schema` and `prefix` are settings ([`PgConfig`]).
+//!
+//! # What differs from `RedisStore`
+//!
+//! * **Writes.** A flusher batch is one statement (`WITH … DELETE …, INSERT … ON CONFLICT DO
+//!   UPDATE` from `unnest` arrays): one round trip, atomic, and checked against the writer
+//!   lease in the same statement (a batch of a lease holder that lost its lease writes nothing
+//!   and fails). The last operation per id wins, as in `RedisStore`.
+//! * **The writer lease** is a row with an expiry on the server's clock (`now()`), not a
+//!   session advisory lock (which would end with its connection, and which PgBouncer's
+//!   transaction pooling breaks). A lease row that is gone when an engine that held it asks
+//!   again (the table was emptied, a restore from an older backup) is
+//!   [`Lease::Retaken`](crate::redis::Lease::Retaken): the engine writes its pending set back.
+//! * **Restore** reads by keyset `(due_ms, id)`, never `OFFSET`; a server restart mid-scan
+//!   loses no position (the keyset is a value, not a server cursor).
+//! * **PgBouncer**: transaction pooling works (no session state, no prepared statements kept
+//!   across transactions: statements are sent unnamed).
+
+mod error;
+mod pg_store;
+mod schema;
+
+pub use error::PgError;
+pub use pg_store::{PgConfig, PgStore};
