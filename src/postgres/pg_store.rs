@@ -94,8 +94,8 @@ impl Sql {
         Sql {
             apply: format!(
                 "WITH {ok},
-                 del AS (DELETE FROM {tasks} t USING ok
-                         WHERE ok.ok AND t.ns = $1 AND t.id = ANY($2::text[])),
+                 del AS (DELETE FROM {tasks} t USING ok, unnest($2::text[]) AS r(id)
+                         WHERE ok.ok AND t.ns = $1 AND t.id = r.id),
                  ins AS (INSERT INTO {tasks} (ns, id, due_ms, envelope)
                          SELECT $1, u.id, u.due, u.env
                          FROM unnest($3::text[], $4::int8[], $5::bytea[]) AS u(id, due, env), ok

@@ -1,0 +1,352 @@
+//! Measures `PgStore`, the persistent engine's PostgreSQL store, against its targets, on a
+//! private PostgreSQL started here with the shipped durability settings (`fsync` and
+//! `synchronous_commit` on, reported), and prints a report:
+//!
+//! * schedule + cancel through a `WriteBehind` [`Persistent`] engine on `PgStore` vs the
+//!   in-memory `Timer<String>`, same ids, same run (target ≤ 2×);
+//! * flusher throughput: N task upserts journaled while the flusher waits, then flushed,
+//!   beside PostgreSQL's own pace for the same statements (`INSERT … SELECT FROM unnest(…) ON
+//!   CONFLICT DO UPDATE`, batches of the flusher's size, four in flight as the flusher sends
+//!   them) sent by a bare loop with the same driver (target ≥ 0.8×); and the removals;
+//! * restore of the N tasks into a new engine (target ≤ 10 s at 1M);
+//! * the table afterwards: live and dead tuples, and its size (bloat), with the autovacuum
+//!   settings the store's docs recommend.
+//!
+//! ```text
+//! cargo run --release --features postgres --example pg_report           # 1M tasks
+//! cargo run --features postgres --example pg_report -- --smoke --json    # make test
+//! ```
+
+#[path = "../tests/support/pg_server.rs"]
+mod pg_server;
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use delaywheel::postgres::{PgConfig, PgStore};
+use delaywheel::redis::{now_ms, Envelope, PersistConfig, Persistent};
+use delaywheel::Timer;
+use futures_util::StreamExt;
+
+#[derive(Parser, Debug)]
+#[command(about = "Measure delaywheel's PostgreSQL store against its targets")]
+struct Args {
+    /// Pending tasks for the flush, restore and bloat figures.
+    #[arg(long, default_value_t = 1_000_000)]
+    tasks: usize,
+    /// Payload bytes per task.
+    #[arg(long, default_value_t = 100)]
+    payload: usize,
+    /// Schedule + cancel pairs per measured round (7 rounds; the median is reported).
+    #[arg(long, default_value_t = 200_000)]
+    pairs: usize,
+    /// A seconds-long run for tests.
+    #[arg(long)]
+    smoke: bool,
+    /// Print the figures as one JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+const RESTORE_PAGE: usize = 4_000;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn engine(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    ns: &str,
+    flush_interval: Duration,
+    bound: usize,
+) -> Persistent<PgStore> {
+    let store = rt
+        .block_on(PgStore::connect(PgConfig::new(url, ns)))
+        .expect("PgStore");
+    let mut cfg = PersistConfig::new("unused://", ns);
+    cfg.flush_interval = flush_interval;
+    cfg.journal_bound = bound;
+    Persistent::with_store(cfg, store).expect("engine").0
+}
+
+fn timed_flush(p: &Persistent<PgStore>) -> Duration {
+    let t = Instant::now();
+    assert!(p.flush(Duration::from_secs(1_800)), "flush timed out");
+    t.elapsed()
+}
+
+/// PostgreSQL's pace for the flusher's statements, by a bare loop: the same upserts, in
+/// batches of `batch`, `in_flight` statements at once on as many connections.
+async fn bare_upserts(url: &str, envelopes: &[(String, u64, Vec<u8>)], batch: usize) -> f64 {
+    const IN_FLIGHT: usize = 4;
+    let mut clients = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        clients.push(client);
+    }
+    let sql = "INSERT INTO public.delaywheel_tasks (ns, id, due_ms, envelope)
+               SELECT $1, u.id, u.due, u.env
+               FROM unnest($2::text[], $3::int8[], $4::bytea[]) AS u(id, due, env)
+               ON CONFLICT (ns, id) DO UPDATE SET due_ms = EXCLUDED.due_ms, envelope = EXCLUDED.envelope";
+    let t = Instant::now();
+    let chunks: Vec<_> = envelopes.chunks(batch).collect();
+    futures_util::stream::iter(chunks.into_iter().enumerate())
+        .map(|(i, chunk)| {
+            let client = &clients[i % IN_FLIGHT];
+            async move {
+                let ids: Vec<&str> = chunk.iter().map(|(id, _, _)| id.as_str()).collect();
+                let dues: Vec<i64> = chunk.iter().map(|(_, d, _)| *d as i64).collect();
+                let envs: Vec<&[u8]> = chunk.iter().map(|(_, _, e)| e.as_slice()).collect();
+                client
+                    .execute(sql, &[&"bare", &ids, &dues, &envs])
+                    .await
+                    .expect("bare upsert");
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<()>>()
+        .await;
+    envelopes.len() as f64 / t.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let mut args = Args::parse();
+    if args.smoke {
+        args.tasks = 20_000;
+        args.pairs = 5_000;
+    }
+    // As shipped: fsync and synchronous_commit on.
+    let server = pg_server::PgServer::start_with(&[]);
+    let url = server.url();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (client, settings) = rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        let mut settings = Vec::new();
+        for s in [
+            "server_version",
+            "synchronous_commit",
+            "fsync",
+            "shared_buffers",
+        ] {
+            let v: String = client
+                .query_one(&format!("SHOW {s}"), &[])
+                .await
+                .expect("SHOW")
+                .get(0);
+            settings.push((s, v));
+        }
+        (client, settings)
+    });
+    let far = now_ms() + 3_600_000;
+    let ids: Vec<String> = (0..args.tasks.max(args.pairs))
+        .map(|i| format!("order:{i:08}"))
+        .collect();
+
+    // 1. schedule + cancel, interleaved rounds so both see the same machine state.
+    let timer: Timer<String> = Timer::builder().build_channel(None).expect("timer").0;
+    let persist = engine(&rt, &url, "pairs", Duration::from_millis(5), 1 << 20);
+    persist.restore(RESTORE_PAGE).expect("restore");
+    let (mut mem_ns, mut pg_ns) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        let t = Instant::now();
+        for id in &ids[..args.pairs] {
+            let t = timer
+                .schedule(id.clone(), Duration::from_secs(3_600))
+                .expect("schedule");
+            timer.cancel(t);
+        }
+        mem_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
+        let t = Instant::now();
+        for id in &ids[..args.pairs] {
+            persist
+                .schedule_at_ms(id.clone(), "order.close", serde_json::Value::Null, far)
+                .expect("schedule");
+            persist.cancel(id);
+        }
+        pg_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
+    }
+    let (mem_ns, pg_ns) = (median(mem_ns), median(pg_ns));
+    assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
+
+    // 2. flusher upserts: journal N while the flusher waits, then time the flush.
+    let payload = serde_json::Value::String("x".repeat(args.payload.saturating_sub(2)));
+    let persist = engine(
+        &rt,
+        &url,
+        "flush",
+        Duration::from_secs(3_600),
+        2 * args.tasks + 1,
+    );
+    persist.restore(RESTORE_PAGE).expect("restore");
+    for (i, id) in ids[..args.tasks].iter().enumerate() {
+        persist
+            .schedule_at_ms(id.clone(), "order.close", payload.clone(), far + i as u64)
+            .expect("schedule");
+    }
+    let flush = timed_flush(&persist);
+    let flush_per_s = args.tasks as f64 / flush.as_secs_f64();
+    assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
+
+    // 2b. PostgreSQL's own pace for the same statements, by a bare loop, same batch size.
+    let batch = PersistConfig::new("unused://", "x").batch;
+    let envelopes: Vec<(String, u64, Vec<u8>)> = ids[..args.tasks]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let e = Envelope {
+                id: id.clone(),
+                topic: "order.close".into(),
+                payload: payload.clone(),
+                attempt: 0,
+                created_at: now_ms(),
+                headers: Default::default(),
+                due_at: far + i as u64,
+            };
+            (
+                id.clone(),
+                e.due_at,
+                serde_json::to_vec(&e).expect("encode"),
+            )
+        })
+        .collect();
+    let bare_per_s = rt.block_on(bare_upserts(&url, &envelopes, batch));
+    drop(envelopes);
+    rt.block_on(client.execute("DELETE FROM public.delaywheel_tasks WHERE ns = 'bare'", &[]))
+        .expect("delete the bare loop's rows");
+
+    // 3. restore into a new engine.
+    let persist = engine(
+        &rt,
+        &url,
+        "flush",
+        Duration::from_millis(5),
+        2 * args.tasks + 1,
+    );
+    let t = Instant::now();
+    let report = persist.restore(RESTORE_PAGE).expect("restore");
+    let restore = t.elapsed();
+    let lost = ids[..args.tasks]
+        .iter()
+        .filter(|id| !persist.contains(id))
+        .count();
+    assert_eq!(lost, 0, "restore missed tasks ({report:?})");
+    assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
+
+    // 4. removals: cancel every task in a waiting engine, then time the flush.
+    let persist = engine(
+        &rt,
+        &url,
+        "flush",
+        Duration::from_secs(3_600),
+        2 * args.tasks + 1,
+    );
+    persist.restore(RESTORE_PAGE).expect("restore");
+    for id in &ids[..args.tasks] {
+        persist.cancel(id);
+    }
+    let remove_per_s = args.tasks as f64 / timed_flush(&persist).as_secs_f64();
+    assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
+
+    // 5. the table afterwards: ANALYZE counts the dead tuples (autovacuum may have run
+    // meanwhile, as it would in production), and its statistics are flushed before reading.
+    let (live, dead, bytes): (i64, i64, i64) = rt.block_on(async {
+        client
+            .batch_execute("ANALYZE public.delaywheel_tasks; SELECT pg_stat_force_next_flush();")
+            .await
+            .expect("analyze");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = client
+            .query_one(
+                "SELECT n_live_tup, n_dead_tup, pg_total_relation_size(relid)
+                 FROM pg_stat_user_tables WHERE relname = 'delaywheel_tasks'",
+                &[],
+            )
+            .await
+            .expect("stats");
+        (r.get(0), r.get(1), r.get(2))
+    });
+
+    let ratio_pairs = pg_ns / mem_ns;
+    let ratio_flush = flush_per_s / bare_per_s;
+    println!(
+        "delaywheel PostgreSQL store report ({} tasks, {} B payloads; {})",
+        args.tasks,
+        args.payload,
+        settings
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!("{:<48} {:>14} {:>10}", "figure", "measured", "target");
+    println!(
+        "{:<48} {:>11.0} ns {:>10}",
+        "schedule + cancel, in-memory Timer<String>", mem_ns, ""
+    );
+    println!(
+        "{:<48} {:>11.0} ns {:>10}",
+        "schedule + cancel, Persistent on PgStore",
+        pg_ns,
+        format!("≤ 2×: {ratio_pairs:.2}×")
+    );
+    println!(
+        "{:<48} {:>10.0} /s {:>10}",
+        "flusher upserts", flush_per_s, ""
+    );
+    println!(
+        "{:<48} {:>10.0} /s {:>10}",
+        "the same statements, bare loop",
+        bare_per_s,
+        format!("≥ 0.8×: {ratio_flush:.2}×")
+    );
+    println!("{:<48} {:>10.0} /s", "flusher removals", remove_per_s);
+    println!(
+        "{:<48} {:>12.2} s {:>10}",
+        format!("restore of {} tasks", args.tasks),
+        restore.as_secs_f64(),
+        "≤ 10 s at 1M"
+    );
+    println!(
+        "{:<48} {:>14}",
+        "table after: live / dead tuples",
+        format!("{live} / {dead}")
+    );
+    println!(
+        "{:<48} {:>11.1} MB",
+        "table after: size with indexes",
+        bytes as f64 / 1e6
+    );
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "tasks": args.tasks,
+                "settings": settings.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<std::collections::BTreeMap<_, _>>(),
+                "schedule_cancel_mem_ns": mem_ns,
+                "schedule_cancel_pg_ns": pg_ns,
+                "schedule_cancel_ratio": ratio_pairs,
+                "flush_upserts_per_s": flush_per_s,
+                "bare_upserts_per_s": bare_per_s,
+                "flush_to_bare_ratio": ratio_flush,
+                "flush_removals_per_s": remove_per_s,
+                "restore_s": restore.as_secs_f64(),
+                "restored": report.loaded,
+                "live_tuples": live,
+                "dead_tuples": dead,
+                "table_bytes": bytes,
+            })
+        );
+    }
+}
