@@ -8,8 +8,8 @@
 //! use delaywheel::redis::{PersistConfig, Persistent};
 //!
 //! let store = PgStore::connect(PgConfig::new("host=/run/postgresql user=app dbname=app", "orders")).await?;
-//! // `url` is not used with a store of its own; the namespace names the engine's rows.
-//! let (engine, fired) = Persistent::with_store(PersistConfig::new("", "orders"), store)?;
+//! // The URL is not used with a store of its own.
+//! let (engine, fired) = Persistent::with_store(PersistConfig::new("unused://", "orders"), store)?;
 //! # drop((engine, fired));
 //! # Ok(())
 //! # }
@@ -19,8 +19,7 @@
 //!
 //! Created by the store on first use, by numbered migrations recorded in
 //! `<schema>.<prefix>_migrations` and run under a transaction-scoped advisory lock (so two
-//! processes starting together migrate once, and it works behind PgBouncer's transaction
-//! pooling). One table per role, keyed by namespace:
+//! processes starting together migrate once). One table per role, keyed by namespace:
 //!
 //! | table | columns | |
 //! |---|---|---|
@@ -44,8 +43,10 @@
 //!   [`Lease::Retaken`](crate::redis::Lease::Retaken): the engine writes its pending set back.
 //! * **Restore** reads by keyset `(due_ms, id)`, never `OFFSET`; a server restart mid-scan
 //!   loses no position (the keyset is a value, not a server cursor).
-//! * **PgBouncer**: transaction pooling works (no session state, no prepared statements kept
-//!   across transactions: statements are sent unnamed).
+//! * **PgBouncer**: the store keeps no session state of its own (no session advisory lock, no
+//!   `SET`; the migrations' lock is scoped to their transaction). tokio-postgres prepares each
+//!   statement before it runs it, so behind PgBouncer in transaction mode give PgBouncer
+//!   `max_prepared_statements` (1.21 or later). Not tested behind PgBouncer yet.
 
 mod error;
 mod pg_store;
