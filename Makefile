@@ -131,6 +131,7 @@ smoke:
 		echo "$$last" | grep -q '"lost":0[,}]' || { echo "gateway --json reports lost timers"; exit 1; }
 	$(CARGO) run --all-features --example persist_report -- --smoke --json
 	$(CARGO) run --all-features --example pg_report -- --smoke --json
+	$(CARGO) run --all-features --example pg_orders -- --smoke --json
 	$(CARGO) run --all-features --example order_timeout -- --smoke --json
 	$(CARGO) run --all-features --example vs_polling -- --smoke --json
 	$(CARGO) run --all-features --example queue_load -- --smoke --json --producer single,batch
