@@ -52,6 +52,13 @@ use super::state::{Inner, State};
 /// by [`start`](Self::start) and leave Redis when [`ack`](Self::ack)ed.
 ///
 /// The store is Redis unless [`with_store`](Self::with_store) is given another [`TaskStore`].
+/// On PostgreSQL (feature `postgres`, `postgres::PgStore`) the engine and its guarantees are
+/// the same; what differs is the store's: a flusher batch is one statement checked against the
+/// writer lease (Redis checks removals only), the lease is a row with an expiry on the
+/// database's clock (a row gone since the engine held it answers
+/// [`Lease::Retaken`](crate::redis::Lease::Retaken), as a Redis that lost its data does),
+/// a server restart loses no restore position, and a data loss is not detected by a server
+/// identity. The `postgres` module's docs have the whole list.
 ///
 /// Dropping the engine shuts it down, but the tasks [`shutdown`](Self::shutdown) would hand
 /// back (scheduled, never written, Redis down) are then only logged, with their count and
