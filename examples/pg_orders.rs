@@ -86,10 +86,7 @@ fn main() {
         .build()
         .expect("runtime");
     let db = rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(conn);
+        let client = server.client().await;
         client
             .batch_execute(
                 "CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL,

@@ -78,16 +78,16 @@ fn timed_flush(p: &Persistent<PgStore>) -> Duration {
 }
 
 /// PostgreSQL's pace for the flusher's statements, by a bare loop: the same upserts, in
-/// batches of `batch`, `in_flight` statements at once on as many connections.
-async fn bare_upserts(url: &str, envelopes: &[(String, u64, Vec<u8>)], batch: usize) -> f64 {
+/// batches of `batch`, `IN_FLIGHT` statements at once on as many connections.
+async fn bare_upserts(
+    server: &pg_server::PgServer,
+    envelopes: &[(String, u64, Vec<u8>)],
+    batch: usize,
+) -> f64 {
     const IN_FLIGHT: usize = 4;
     let mut clients = Vec::new();
     for _ in 0..IN_FLIGHT {
-        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(conn);
-        clients.push(client);
+        clients.push(server.client().await);
     }
     let sql = "INSERT INTO public.delaywheel_tasks (ns, id, due_ms, envelope)
                SELECT $1, u.id, u.due, u.env
@@ -129,10 +129,7 @@ fn main() {
         .build()
         .expect("runtime");
     let (client, settings) = rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(conn);
+        let client = server.client().await;
         let mut settings = Vec::new();
         for s in [
             "server_version",
@@ -221,7 +218,7 @@ fn main() {
             )
         })
         .collect();
-    let bare_per_s = rt.block_on(bare_upserts(&url, &envelopes, batch));
+    let bare_per_s = rt.block_on(bare_upserts(&server, &envelopes, batch));
     drop(envelopes);
     rt.block_on(client.execute("DELETE FROM public.delaywheel_tasks WHERE ns = 'bare'", &[]))
         .expect("delete the bare loop's rows");

@@ -29,11 +29,9 @@ fn store(rt: &tokio::runtime::Runtime, server: &PgServer, ns: &str) -> PgStore {
 /// The rows of `ns` in the tasks table, by a connection of the test's own.
 fn count(rt: &tokio::runtime::Runtime, server: &PgServer, ns: &str) -> i64 {
     rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        server
+            .client()
             .await
-            .unwrap();
-        tokio::spawn(conn);
-        client
             .query_one(
                 "SELECT count(*) FROM public.delaywheel_tasks WHERE ns = $1",
                 &[&ns],
@@ -161,11 +159,9 @@ fn the_writer_lease_goes_to_one_engine_and_fences_the_other() {
     );
     // The lease row gone (the table emptied): the engine that held it retakes it, told so.
     rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        server
+            .client()
             .await
-            .unwrap();
-        tokio::spawn(conn);
-        client
             .execute("DELETE FROM public.delaywheel_lease", &[])
             .await
             .unwrap();
@@ -205,9 +201,9 @@ fn a_table_of_another_shape_is_refused_by_name_and_left_alone() {
     let server = PgServer::start();
     let rt = rt();
     rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(conn);
-        client
+        server
+            .client()
+            .await
             .batch_execute(
                 "CREATE SCHEMA odd; CREATE TABLE odd.delaywheel_tasks (ns text, id text, due_ms text);",
             )

@@ -223,6 +223,16 @@ impl PgServer {
         self.url_with(PASSWORD)
     }
 
+    /// A connection of its own to the server, its driver task spawned on the current tokio
+    /// runtime (for tests and reports that look at the tables directly).
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the private PostgreSQL");
+        tokio::spawn(conn);
+        client
+    }
+
     /// Kills the server with `SIGKILL`, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
