@@ -132,7 +132,7 @@ impl Sql {
             ),
             lease_row: format!("INSERT INTO {lease} (ns) VALUES ($1) ON CONFLICT (ns) DO NOTHING"),
             lease_lock: format!(
-                "SELECT holder, coalesce(expires_at > now(), false), takes, last_taker
+                "SELECT holder, coalesce(expires_at > now(), false), last_taker
                  FROM {lease} WHERE ns = $1 FOR UPDATE"
             ),
             lease_take: format!(
@@ -211,26 +211,13 @@ impl PgStore {
     pub async fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
         // The last operation per id wins: one row per id in the statement (ON CONFLICT cannot
         // touch a row twice).
-        let mut last: HashMap<&str, &Op> = HashMap::with_capacity(ops.len());
-        for op in ops {
-            last.insert(op.id(), op);
-        }
-        let (mut removed, mut ids, mut dues, mut envs) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for op in last.values() {
-            match op {
-                Op::Upsert {
-                    id,
-                    due_at,
-                    envelope,
-                } => {
-                    ids.push(id.as_str());
-                    dues.push(i64::try_from(*due_at).unwrap_or(i64::MAX));
-                    envs.push(envelope.as_slice());
-                }
-                Op::Remove(id) => removed.push(id.as_str()),
-            }
-        }
+        let ops = Op::last_per_id(ops);
+        let removed: Vec<&str> = ops
+            .iter()
+            .filter(|op| matches!(op, Op::Remove(_)))
+            .map(|op| op.id())
+            .collect();
+        let (ids, dues, envs) = upsert_columns(ops);
         if removed.is_empty() && ids.is_empty() {
             return Ok(());
         }
@@ -310,20 +297,14 @@ impl PgStore {
     /// Replaces the namespace's rows with `tasks`' upserts in one transaction (see
     /// [`TaskStore::replace_all`]).
     pub async fn replace_all(&self, tasks: &[Op]) -> Result<(), StoreError> {
-        let mut last: HashMap<&str, (i64, &[u8])> = HashMap::with_capacity(tasks.len());
+        // The last upsert per id (a removal in it is ignored).
+        let mut last: HashMap<&str, &Op> = HashMap::with_capacity(tasks.len());
         for op in tasks {
-            if let Op::Upsert {
-                id,
-                due_at,
-                envelope,
-            } = op
-            {
-                last.insert(id, (i64::try_from(*due_at).unwrap_or(i64::MAX), envelope));
+            if let Op::Upsert { id, .. } = op {
+                last.insert(id, op);
             }
         }
-        let ids: Vec<&str> = last.keys().copied().collect();
-        let dues: Vec<i64> = ids.iter().map(|id| last[id].0).collect();
-        let envs: Vec<&[u8]> = ids.iter().map(|id| last[id].1).collect();
+        let (ids, dues, envs) = upsert_columns(last.into_values());
         let holder = self.holder.lock().clone().unwrap_or_default();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(store_err)?;
@@ -372,8 +353,8 @@ impl PgStore {
             .query_one(&self.sql.lease_lock, &[&&*self.ns])
             .await
             .map_err(store_err)?;
-        let (current, live, _takes, last): (Option<String>, bool, i64, Option<String>) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let (current, live, last): (Option<String>, bool, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
         let answer = if live && current.as_deref() == Some(holder) {
             tx.execute(&self.sql.lease_renew, &[&&*self.ns, &holder, &secs])
                 .await
@@ -413,6 +394,27 @@ impl PgStore {
             .map_err(store_err)?;
         Ok(())
     }
+}
+
+/// The upserts among `ops` as the columns of an `unnest` statement: ids, due times (a due time
+/// past `i64::MAX` saturates), envelopes.
+fn upsert_columns<'a>(
+    ops: impl IntoIterator<Item = &'a Op>,
+) -> (Vec<&'a str>, Vec<i64>, Vec<&'a [u8]>) {
+    let (mut ids, mut dues, mut envs) = (Vec::new(), Vec::new(), Vec::new());
+    for op in ops {
+        if let Op::Upsert {
+            id,
+            due_at,
+            envelope,
+        } = op
+        {
+            ids.push(id.as_str());
+            dues.push(i64::try_from(*due_at).unwrap_or(i64::MAX));
+            envs.push(envelope.as_slice());
+        }
+    }
+    (ids, dues, envs)
 }
 
 /// A cursor: the last row's due time and id.

@@ -1,7 +1,6 @@
 //! A store of pending tasks on a Redis ZSET + HASH: batched atomic writes, paged reads that
 //! sort out broken entries, and a dead-letter key.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -215,21 +214,12 @@ impl RedisStore {
     pub async fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
         // The last operation per id wins; the others keep their order (the flusher sends them
         // sorted by due time, which keeps Redis's skiplist inserts close together).
-        let mut last: HashMap<&str, usize> = HashMap::with_capacity(ops.len());
-        for (i, op) in ops.iter().enumerate() {
-            last.insert(op.id(), i);
-        }
         let (mut zadd, mut hset, mut remove) =
             (redis::cmd("ZADD"), redis::cmd("HSET"), Vec::<&str>::new());
         zadd.arg(self.keys.due());
         hset.arg(self.keys.tasks());
         let mut upserts = 0;
-        for op in ops
-            .iter()
-            .enumerate()
-            .filter(|(i, op)| last.get(op.id()) == Some(i))
-            .map(|(_, op)| op)
-        {
+        for op in Op::last_per_id(ops) {
             match op {
                 Op::Upsert {
                     id,

@@ -29,6 +29,22 @@ impl Op {
             Op::Upsert { id, .. } | Op::Remove(id) => id,
         }
     }
+
+    /// The operations of a batch that are the last for their id, in their order: in a
+    /// [`TaskStore::apply`](super::TaskStore::apply) batch the last operation per id wins (and
+    /// a store's statement may touch a row only once).
+    pub(crate) fn last_per_id(ops: &[Op]) -> Vec<&Op> {
+        let mut last: std::collections::HashMap<&str, usize> =
+            std::collections::HashMap::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            last.insert(op.id(), i);
+        }
+        ops.iter()
+            .enumerate()
+            .filter(|(i, op)| last.get(op.id()) == Some(i))
+            .map(|(_, op)| op)
+            .collect()
+    }
 }
 
 /// Why a stored entry could not be used.
