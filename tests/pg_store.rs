@@ -1,12 +1,15 @@
 //! `PgStore`, the persistent engine's store on PostgreSQL, against a private server (`initdb`
 //! into a temp dir, a Unix socket there): round trips through `Persistent`, batches and
 //! pages, the writer lease and its fence, and the faults: a server down at start, a wrong
-//! password, a table of another shape, and a server killed and restarted under writes.
+//! password, a table of another shape, and a server killed (`SIGKILL`) and restarted while
+//! batches are in flight and writes go on.
 #![cfg(feature = "postgres")]
 
 #[path = "support/pg_server.rs"]
 mod pg_server;
 
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use delaywheel::postgres::{PgConfig, PgError, PgStore};
@@ -221,6 +224,24 @@ fn a_table_of_another_shape_is_refused_by_name_and_left_alone() {
     }
 }
 
+/// Every id of `ns` in the tasks table, by a connection of the test's own.
+fn ids(rt: &tokio::runtime::Runtime, server: &PgServer, ns: &str) -> BTreeSet<String> {
+    rt.block_on(async {
+        server
+            .client()
+            .await
+            .query(
+                "SELECT id FROM public.delaywheel_tasks WHERE ns = $1",
+                &[&ns],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    })
+}
+
 #[test]
 fn postgres_killed_and_restarted_under_writes_loses_nothing() {
     let mut server = PgServer::start();
@@ -230,21 +251,54 @@ fn postgres_killed_and_restarted_under_writes_loses_nothing() {
         store(&rt, &server, "crash"),
     )
     .unwrap();
-    for i in 0..300 {
+    let payload = "x".repeat(100);
+    // A burst the flusher needs a few hundred milliseconds to write (batches of 1 000), so
+    // that the kill lands while its batches are in flight.
+    let mut expected = BTreeSet::new();
+    for i in 0..30_000 {
+        let id = format!("burst{i}");
         engine
-            .schedule(format!("before{i}"), "t", &i, Duration::from_secs(3_600))
+            .schedule(id.as_str(), "t", &payload, Duration::from_secs(3_600))
             .unwrap();
+        expected.insert(id);
     }
-    assert!(engine.flush(Duration::from_secs(10)), "first flush");
-    server.kill();
-    // Scheduled while the server is gone: held in the journal, retried.
-    for i in 0..300 {
-        engine
-            .schedule(format!("during{i}"), "t", &i, Duration::from_secs(3_600))
-            .unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    server.restart();
+    let stop = AtomicBool::new(false);
+    let (written, depth_at_kill) = std::thread::scope(|s| {
+        // Writes go on throughout, before, during and after the outage: schedules, and a
+        // cancel of every third one (a removal the store must apply, or never see).
+        let writer = s.spawn(|| {
+            let mut kept = BTreeSet::new();
+            let mut i = 0;
+            while !stop.load(Relaxed) {
+                let id = format!("w{i}");
+                engine
+                    .schedule(id.as_str(), "t", &i, Duration::from_secs(3_600))
+                    .unwrap();
+                if i % 3 == 2 {
+                    assert!(engine.cancel(&id));
+                } else {
+                    kept.insert(id);
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            kept
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        // Unflushed changes when the server dies: the burst's batches, taken or waiting.
+        let depth_at_kill = engine.journal_depth();
+        server.kill();
+        std::thread::sleep(Duration::from_millis(500));
+        server.restart();
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Relaxed);
+        (writer.join().unwrap(), depth_at_kill)
+    });
+    assert!(
+        depth_at_kill > 1_000,
+        "the kill must find writes in flight: {depth_at_kill} unflushed"
+    );
+    expected.extend(written);
     let start = Instant::now();
     while !engine.flush(Duration::from_secs(1)) {
         assert!(
@@ -253,5 +307,22 @@ fn postgres_killed_and_restarted_under_writes_loses_nothing() {
         );
     }
     assert!(engine.shutdown().is_empty(), "unwritten at shutdown");
-    assert_eq!(count(&rt, &server, "crash"), 600);
+    let stored = ids(&rt, &server, "crash");
+    let missing: Vec<_> = expected.difference(&stored).take(5).collect();
+    let extra: Vec<_> = stored.difference(&expected).take(5).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{} tasks in the table, {} expected; missing {missing:?}, cancelled but stored {extra:?}",
+        stored.len(),
+        expected.len()
+    );
+    // And a new engine restores exactly them.
+    let (again, _fired) = Persistent::with_store(
+        PersistConfig::new("unused://", "crash"),
+        store(&rt, &server, "crash"),
+    )
+    .unwrap();
+    again.restore(1_000).unwrap();
+    assert_eq!(again.len(), expected.len());
+    assert!(again.shutdown().is_empty());
 }
