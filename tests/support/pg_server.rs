@@ -204,6 +204,11 @@ impl PgServer {
         }
     }
 
+    /// The postmaster's process id while the server runs (its backends are its children).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// What the server logged.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
