@@ -224,6 +224,53 @@ fn a_table_of_another_shape_is_refused_by_name_and_left_alone() {
     }
 }
 
+#[test]
+fn two_stores_starting_together_migrate_once_and_set_the_vacuum_settings() {
+    let server = PgServer::start();
+    let rt = rt();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            PgStore::connect(PgConfig::new(server.url(), "a")),
+            PgStore::connect(PgConfig::new(server.url(), "b"))
+        )
+    });
+    a.unwrap();
+    b.unwrap();
+    let (versions, options): (Vec<i32>, Vec<String>) = rt.block_on(async {
+        let client = server.client().await;
+        let versions = client
+            .query(
+                "SELECT version FROM public.delaywheel_migrations ORDER BY version",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let options: Option<Vec<String>> = client
+            .query_one(
+                "SELECT reloptions FROM pg_class WHERE oid = 'public.delaywheel_tasks'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (versions, options.unwrap_or_default())
+    });
+    assert_eq!(versions, [1, 2], "each migration recorded once");
+    for want in [
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=10000",
+        "autovacuum_vacuum_cost_delay=0",
+    ] {
+        assert!(
+            options.iter().any(|o| o == want),
+            "{want} not in {options:?}"
+        );
+    }
+}
+
 /// Every id of `ns` in the tasks table, by a connection of the test's own.
 fn ids(rt: &tokio::runtime::Runtime, server: &PgServer, ns: &str) -> BTreeSet<String> {
     rt.block_on(async {

@@ -3,6 +3,10 @@
 
 use super::error::PgError;
 
+/// Dead (or newly inserted) rows of the tasks table after which autovacuum takes it up
+/// (migration 2).
+pub(crate) const VACUUM_EVERY: u32 = 10_000;
+
 /// The names of the store's tables in one schema, with one prefix.
 #[derive(Debug, Clone)]
 pub(crate) struct Tables {
@@ -48,7 +52,8 @@ impl Tables {
             tasks, dead, lease, ..
         } = self;
         let index = format!("{}_due", tasks.rsplit('.').next().unwrap_or("tasks"));
-        vec![format!(
+        vec![
+            format!(
             "CREATE TABLE IF NOT EXISTS {tasks} (
                 ns text NOT NULL, id text NOT NULL, due_ms bigint NOT NULL,
                 envelope bytea NOT NULL, PRIMARY KEY (ns, id));
@@ -59,7 +64,19 @@ impl Tables {
              CREATE TABLE IF NOT EXISTS {lease} (
                 ns text PRIMARY KEY, holder text, expires_at timestamptz,
                 takes bigint NOT NULL DEFAULT 0, last_taker text);"
-        )]
+            ),
+            // 2: the tasks table is a queue (every row is deleted soon after it is written),
+            // so vacuum it by a count of dead rows, not a share of the table: autovacuum's
+            // default (a fifth of the rows) lets a 1M-row table carry 200k dead ones first.
+            // Its cost delay is off: a vacuum that keeps up matters more here than its I/O.
+            format!(
+                "ALTER TABLE {tasks} SET (
+                    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = {VACUUM_EVERY},
+                    autovacuum_vacuum_insert_scale_factor = 0,
+                    autovacuum_vacuum_insert_threshold = {VACUUM_EVERY},
+                    autovacuum_analyze_scale_factor = 0.05, autovacuum_vacuum_cost_delay = 0);"
+            ),
+        ]
     }
 
     /// The columns each table must have: (table, [(column, type)]).
