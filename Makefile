@@ -1,5 +1,5 @@
 # `make test` is what CI runs (.ci/run) on a fresh clone: it installs what the checks need
-# (rustfmt, clippy, redis-server, PostgreSQL, chromium, python3),
+# (rustfmt, clippy, redis-server, PostgreSQL, PgBouncer, chromium, python3),
 # then checks the module graph of src/ (no import cycle, the layers), runs fmt --check,
 # clippy -D warnings, the whole test suite, and the smoke modes of the benches and examples.
 # Benchmarks proper are `make bench`; they never run in `make test`.
@@ -59,6 +59,11 @@ deps:
 		echo "PostgreSQL's server (initdb) missing: installing it with apt-get"; \
 		($(APT) update -qq && $(APT) install -y -qq postgresql) || { \
 			echo "could not install PostgreSQL: install it (e.g. apt-get install postgresql), or set PG_BIN to the directory of its initdb, and re-run"; exit 1; }; }
+	@# One PostgreSQL test runs the store behind a private PgBouncer in transaction mode.
+	@{ command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; } || { \
+		echo "pgbouncer missing: installing it with apt-get"; \
+		($(APT) update -qq && $(APT) install -y -qq pgbouncer) || { \
+			echo "could not install pgbouncer: install it (e.g. apt-get install pgbouncer) and re-run"; exit 1; }; }
 	@# The module graph check (.ci/layers.py) is Python 3, standard library only.
 	@command -v python3 >/dev/null || { \
 		echo "python3 missing: installing it with apt-get"; \

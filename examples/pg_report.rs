@@ -31,6 +31,7 @@ use delaywheel::postgres::{PgConfig, PgStore};
 use delaywheel::redis::{now_ms, Envelope, PersistConfig, Persistent};
 use delaywheel::Timer;
 use futures_util::StreamExt;
+use tokio_postgres::types::Type;
 
 #[derive(Parser, Debug)]
 #[command(about = "Measure delaywheel's PostgreSQL store against its targets")]
@@ -82,7 +83,8 @@ fn timed_flush(p: &Persistent<PgStore>) -> Duration {
 }
 
 /// PostgreSQL's pace for the flusher's statements, by a bare loop: the same upserts, in
-/// batches of `batch`, `IN_FLIGHT` statements at once on as many connections.
+/// batches of `batch`, `IN_FLIGHT` statements at once on as many connections, each sent as
+/// the store sends it (unnamed and typed: one round trip).
 async fn bare_upserts(
     server: &pg_server::PgServer,
     envelopes: &[(String, u64, Vec<u8>)],
@@ -107,7 +109,15 @@ async fn bare_upserts(
                 let dues: Vec<i64> = chunk.iter().map(|(_, d, _)| *d as i64).collect();
                 let envs: Vec<&[u8]> = chunk.iter().map(|(_, _, e)| e.as_slice()).collect();
                 client
-                    .execute(sql, &[&"bare", &ids, &dues, &envs])
+                    .execute_typed(
+                        sql,
+                        &[
+                            (&"bare", Type::TEXT),
+                            (&ids, Type::TEXT_ARRAY),
+                            (&dues, Type::INT8_ARRAY),
+                            (&envs, Type::BYTEA_ARRAY),
+                        ],
+                    )
                     .await
                     .expect("bare upsert");
             }

@@ -2,7 +2,7 @@
 //! into a temp dir, a Unix socket there): round trips through `Persistent`, batches and
 //! pages, the writer lease and its fence, and the faults: a server down at start, a wrong
 //! password, a table of another shape, and a server killed (`SIGKILL`) and restarted while
-//! batches are in flight and writes go on.
+//! batches are in flight and writes go on; and the store behind PgBouncer in transaction mode.
 #![cfg(feature = "postgres")]
 
 #[path = "support/pg_server.rs"]
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use delaywheel::postgres::{PgConfig, PgError, PgStore};
 use delaywheel::redis::{Cursor, Lease, Op, PersistConfig, Persistent};
-use pg_server::PgServer;
+use pg_server::{PgBouncer, PgServer};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -269,6 +269,82 @@ fn two_stores_starting_together_migrate_once_and_set_the_vacuum_settings() {
             "{want} not in {options:?}"
         );
     }
+}
+
+#[test]
+fn behind_pgbouncer_in_transaction_mode_the_store_writes_restores_leases_and_dead_letters() {
+    let server = PgServer::start();
+    let bouncer = PgBouncer::start(&server);
+    let rt = rt();
+    let connect = |ns: &str| {
+        rt.block_on(PgStore::connect(PgConfig::new(bouncer.url(), ns)))
+            .unwrap_or_else(|e| panic!("connect through PgBouncer: {e}\n{}", bouncer.log()))
+    };
+    // The flusher's four connections share PgBouncer's two to the server, statement by
+    // statement: a named prepared statement would not survive that.
+    let (engine, _fired) = Persistent::with_store(
+        PersistConfig::new("unused://", "bounced"),
+        connect("bounced"),
+    )
+    .unwrap();
+    engine.restore(1_000).unwrap();
+    for i in 0..2_000 {
+        engine
+            .schedule(format!("t{i}"), "t", &i, Duration::from_secs(3_600))
+            .unwrap();
+    }
+    assert!(
+        engine.flush(Duration::from_secs(10)),
+        "flush through PgBouncer"
+    );
+    for i in 0..500 {
+        assert!(engine.cancel(&format!("t{i}")));
+    }
+    assert!(engine.shutdown().is_empty(), "unwritten at shutdown");
+    assert_eq!(count(&rt, &server, "bounced"), 1_500);
+    // A row that does not decode, written behind the engines' backs.
+    rt.block_on(async {
+        server
+            .client()
+            .await
+            .execute(
+                "INSERT INTO public.delaywheel_tasks (ns, id, due_ms, envelope)
+                 VALUES ('bounced', 'broken', 1, 'not json')",
+                &[],
+            )
+            .await
+            .unwrap()
+    });
+    // A new engine restores by keyset pages of 100 and dead-letters the broken row.
+    let (again, _fired) = Persistent::with_store(
+        PersistConfig::new("unused://", "bounced"),
+        connect("bounced"),
+    )
+    .unwrap();
+    again.restore(100).unwrap();
+    assert_eq!(again.len(), 1_500);
+    // It holds the lease: another store is told so.
+    let other = connect("bounced");
+    assert!(matches!(
+        rt.block_on(other.lease("other", Duration::from_secs(30), true))
+            .unwrap(),
+        Lease::Other(_)
+    ));
+    assert!(again.shutdown().is_empty());
+    let dead: i64 = rt.block_on(async {
+        server
+            .client()
+            .await
+            .query_one(
+                "SELECT count(*) FROM public.delaywheel_dead WHERE ns = 'bounced' AND id = 'broken'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(dead, 1, "the broken row dead-lettered");
+    assert_eq!(count(&rt, &server, "bounced"), 1_500);
 }
 
 /// Every id of `ns` in the tasks table, by a connection of the test's own.

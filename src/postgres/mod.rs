@@ -58,10 +58,12 @@
 //!   [`Lease::Retaken`](crate::redis::Lease::Retaken): the engine writes its pending set back.
 //! * **Restore** reads by keyset `(due_ms, id)`, never `OFFSET`; a server restart mid-scan
 //!   loses no position (the keyset is a value, not a server cursor).
-//! * **PgBouncer**: the store keeps no session state of its own (no session advisory lock, no
-//!   `SET`; the migrations' lock is scoped to their transaction). tokio-postgres prepares each
-//!   statement before it runs it, so behind PgBouncer in transaction mode give PgBouncer
-//!   `max_prepared_statements` (1.21 or later). Not tested behind PgBouncer yet.
+//! * **Statements** are sent unnamed, with their parameter types (`query_typed`): one round
+//!   trip each, and no prepared statement kept on the server.
+//! * **PgBouncer** in transaction mode works, any version: the store keeps no session state
+//!   (no session advisory lock, no `SET`, no named prepared statement; the migrations' lock is
+//!   scoped to their transaction). Tested behind PgBouncer 1.18 with fewer server connections
+//!   than the store's pool: writes, restore by pages, dead letters and the lease.
 
 mod error;
 mod pg_store;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use parking_lot::Mutex;
+use tokio_postgres::types::Type;
 use tokio_postgres::NoTls;
 
 use crate::redis::{Broken, Cursor, Lease, Op, Row, Rows, StoreError, TaskStore};
@@ -224,9 +225,16 @@ impl PgStore {
         let holder = self.holder.lock().clone().unwrap_or_default();
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 &self.sql.apply,
-                &[&&*self.ns, &removed, &ids, &dues, &envs, &holder],
+                &[
+                    (&&*self.ns, Type::TEXT),
+                    (&removed, Type::TEXT_ARRAY),
+                    (&ids, Type::TEXT_ARRAY),
+                    (&dues, Type::INT8_ARRAY),
+                    (&envs, Type::BYTEA_ARRAY),
+                    (&holder, Type::TEXT),
+                ],
             )
             .await
             .map_err(store_err)?;
@@ -245,13 +253,24 @@ impl PgStore {
         let client = self.client().await?;
         let rows = if cursor.is_start() {
             client
-                .query(&self.sql.rows_from_start, &[&&*self.ns, &limit])
+                .query_typed(
+                    &self.sql.rows_from_start,
+                    &[(&&*self.ns, Type::TEXT), (&limit, Type::INT8)],
+                )
                 .await
         } else {
             let (due, id) = decode_cursor(&cursor)
                 .ok_or_else(|| StoreError::cursor_lost("not a cursor of this store"))?;
             client
-                .query(&self.sql.rows_after, &[&&*self.ns, &limit, &due, &id])
+                .query_typed(
+                    &self.sql.rows_after,
+                    &[
+                        (&&*self.ns, Type::TEXT),
+                        (&limit, Type::INT8),
+                        (&due, Type::INT8),
+                        (&id, Type::TEXT),
+                    ],
+                )
                 .await
         }
         .map_err(store_err)?;
@@ -285,9 +304,15 @@ impl PgStore {
         let at = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let client = self.client().await?;
         client
-            .execute(
+            .execute_typed(
                 &self.sql.dead_letter,
-                &[&&*self.ns, &ids, &raws, &reasons, &at],
+                &[
+                    (&&*self.ns, Type::TEXT),
+                    (&ids, Type::TEXT_ARRAY),
+                    (&raws, Type::BYTEA_ARRAY),
+                    (&reasons, Type::TEXT_ARRAY),
+                    (&at, Type::INT8),
+                ],
             )
             .await
             .map_err(store_err)?;
@@ -310,7 +335,7 @@ impl PgStore {
         let tx = client.transaction().await.map_err(store_err)?;
         if !holder.is_empty() {
             let held = tx
-                .query_opt(&self.sql.lease_lock, &[&&*self.ns])
+                .query_typed_opt(&self.sql.lease_lock, &[(&&*self.ns, Type::TEXT)])
                 .await
                 .map_err(store_err)?
                 .is_some_and(|r| {
@@ -324,12 +349,20 @@ impl PgStore {
                 )));
             }
         }
-        tx.execute(&self.sql.delete_all, &[&&*self.ns])
+        tx.execute_typed(&self.sql.delete_all, &[(&&*self.ns, Type::TEXT)])
             .await
             .map_err(store_err)?;
-        tx.execute(&self.sql.insert_all, &[&&*self.ns, &ids, &dues, &envs])
-            .await
-            .map_err(store_err)?;
+        tx.execute_typed(
+            &self.sql.insert_all,
+            &[
+                (&&*self.ns, Type::TEXT),
+                (&ids, Type::TEXT_ARRAY),
+                (&dues, Type::INT8_ARRAY),
+                (&envs, Type::BYTEA_ARRAY),
+            ],
+        )
+        .await
+        .map_err(store_err)?;
         tx.commit().await.map_err(store_err)?;
         Ok(())
     }
@@ -344,30 +377,43 @@ impl PgStore {
         let secs = ttl.as_secs_f64().max(0.001);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(store_err)?;
+        let ns_str: &str = &self.ns;
+        let ns = || {
+            (
+                &ns_str as &(dyn tokio_postgres::types::ToSql + Sync),
+                Type::TEXT,
+            )
+        };
         let made = tx
-            .execute(&self.sql.lease_row, &[&&*self.ns])
+            .execute_typed(&self.sql.lease_row, &[ns()])
             .await
             .map_err(store_err)?
             == 1;
         let row = tx
-            .query_one(&self.sql.lease_lock, &[&&*self.ns])
+            .query_typed_one(&self.sql.lease_lock, &[ns()])
             .await
             .map_err(store_err)?;
         let (current, live, last): (Option<String>, bool, Option<String>) =
             (row.get(0), row.get(1), row.get(2));
         let answer = if live && current.as_deref() == Some(holder) {
-            tx.execute(&self.sql.lease_renew, &[&&*self.ns, &holder, &secs])
-                .await
-                .map_err(store_err)?;
+            tx.execute_typed(
+                &self.sql.lease_renew,
+                &[ns(), (&holder, Type::TEXT), (&secs, Type::FLOAT8)],
+            )
+            .await
+            .map_err(store_err)?;
             Lease::Held
         } else if live {
             Lease::Other(current.unwrap_or_default())
         } else if !first && last.as_deref().is_some_and(|l| l != holder) {
             Lease::Other(last.unwrap_or_default())
         } else {
-            tx.execute(&self.sql.lease_take, &[&&*self.ns, &holder, &secs])
-                .await
-                .map_err(store_err)?;
+            tx.execute_typed(
+                &self.sql.lease_take,
+                &[ns(), (&holder, Type::TEXT), (&secs, Type::FLOAT8)],
+            )
+            .await
+            .map_err(store_err)?;
             if !first && made {
                 Lease::Retaken(
                     "the lease's row was gone: the table lost the namespace's rows (emptied, or \
@@ -389,7 +435,10 @@ impl PgStore {
     pub async fn release(&self, holder: &str) -> Result<(), StoreError> {
         let client = self.client().await?;
         client
-            .execute(&self.sql.release, &[&&*self.ns, &holder])
+            .execute_typed(
+                &self.sql.release,
+                &[(&&*self.ns, Type::TEXT), (&holder, Type::TEXT)],
+            )
             .await
             .map_err(store_err)?;
         Ok(())

@@ -1,6 +1,8 @@
 //! The store's tables: numbered migrations, run once under an advisory lock, and the check
 //! that tables which already exist have the store's shape.
 
+use tokio_postgres::types::Type;
+
 use super::error::PgError;
 
 /// Dead (or newly inserted) rows of the tasks table after which autovacuum takes it up
@@ -120,7 +122,7 @@ impl Tables {
         let sql = |e: tokio_postgres::Error| PgError::from_driver(&e);
         self.check_shapes(client).await?;
         let tx = client.transaction().await.map_err(sql)?;
-        tx.execute(
+        tx.execute_typed(
             "SELECT pg_advisory_xact_lock(hashtext('delaywheel:migrate'))",
             &[],
         )
@@ -134,7 +136,7 @@ impl Tables {
         .await
         .map_err(sql)?;
         let done: i32 = tx
-            .query_one(
+            .query_typed_one(
                 &format!("SELECT coalesce(max(version), 0) FROM {}", self.migrations),
                 &[],
             )
@@ -147,9 +149,9 @@ impl Tables {
                 continue;
             }
             tx.batch_execute(m).await.map_err(sql)?;
-            tx.execute(
+            tx.execute_typed(
                 &format!("INSERT INTO {} (version) VALUES ($1)", self.migrations),
-                &[&version],
+                &[(&version, Type::INT4)],
             )
             .await
             .map_err(sql)?;
@@ -164,10 +166,10 @@ impl Tables {
         for (table, columns) in self.shapes() {
             let (schema, name) = table.split_once('.').unwrap_or(("public", table));
             let rows = client
-                .query(
+                .query_typed(
                     "SELECT column_name::text, data_type::text FROM information_schema.columns
                      WHERE table_schema = $1 AND table_name = $2",
-                    &[&schema, &name],
+                    &[(&schema, Type::TEXT), (&name, Type::TEXT)],
                 )
                 .await
                 .map_err(|e| PgError::from_driver(&e))?;

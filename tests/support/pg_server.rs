@@ -279,3 +279,122 @@ impl Drop for PgServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A private PgBouncer in transaction mode before a [`PgServer`]: on a Unix socket in a temp
+/// dir of its own, two server connections per pool (fewer than the store's pool: clients share
+/// them statement by statement), stopped on drop. Like the server it runs as an unprivileged
+/// user when run as root (it refuses root). A machine without it fails the test with how to
+/// install it.
+pub struct PgBouncer {
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl PgBouncer {
+    pub fn start(server: &PgServer) -> PgBouncer {
+        let bin = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .or_else(|| {
+                std::env::var_os("PATH").and_then(|p| {
+                    std::env::split_paths(&p)
+                        .map(|d| d.join("pgbouncer"))
+                        .find(|p| p.exists())
+                })
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "pgbouncer was not found in /usr/sbin or PATH: install it (Debian: apt-get \
+                     install pgbouncer; `make test` does) and run the tests again"
+                )
+            });
+        let dir = server.dir.with_extension("bouncer");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        chown(&dir, server.uid);
+        let port = server.port + 1_000;
+        let users = dir.join("userlist.txt");
+        std::fs::write(&users, format!("\"{USER}\" \"{PASSWORD}\"\n")).unwrap();
+        chown(&users, server.uid);
+        let ini = dir.join("pgbouncer.ini");
+        std::fs::write(
+            &ini,
+            format!(
+                "[databases]\n\
+                 postgres = host={host} port={pgport} dbname=postgres\n\
+                 [pgbouncer]\n\
+                 listen_addr =\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir = {dir}\n\
+                 auth_type = scram-sha-256\n\
+                 auth_file = {users}\n\
+                 pool_mode = transaction\n\
+                 default_pool_size = 2\n\
+                 max_client_conn = 100\n\
+                 logfile = {dir}/log\n\
+                 pidfile = {dir}/pid\n",
+                host = server.dir.display(),
+                pgport = server.port,
+                dir = dir.display(),
+                users = users.display(),
+            ),
+        )
+        .unwrap();
+        chown(&ini, server.uid);
+        let child = run_as(
+            Command::new(bin)
+                .arg(&ini)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            server.uid,
+        )
+        .spawn()
+        .expect("start pgbouncer");
+        let mut b = PgBouncer {
+            dir,
+            port,
+            child: Some(child),
+        };
+        let socket = b.dir.join(format!(".s.PGSQL.{port}"));
+        let start = Instant::now();
+        while !socket.exists() {
+            if let Some(Ok(Some(status))) = b.child.as_mut().map(Child::try_wait) {
+                panic!("pgbouncer exited ({status}): {}", b.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "pgbouncer did not listen within 30 s: {}",
+                b.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        b
+    }
+
+    /// What PgBouncer logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// A connection string through PgBouncer.
+    pub fn url(&self) -> String {
+        format!(
+            "host={} port={} user={USER} password={PASSWORD} dbname=postgres",
+            self.dir.display(),
+            self.port
+        )
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
