@@ -82,6 +82,34 @@ fn timed_flush(p: &Persistent<PgStore>) -> Duration {
     t.elapsed()
 }
 
+/// Journals an upsert of each of `ids` (due from `far` on) in an engine of namespace `flush`
+/// whose flusher waits, then times their flush. The engine is shut down and dropped after, its
+/// connections closed.
+fn upsert_round(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    ids: &[String],
+    payload: &serde_json::Value,
+    far: u64,
+) -> Duration {
+    let persist = engine(
+        rt,
+        url,
+        "flush",
+        Duration::from_secs(3_600),
+        2 * ids.len() + 1,
+    );
+    persist.restore(RESTORE_PAGE).expect("restore");
+    for (i, id) in ids.iter().enumerate() {
+        persist
+            .schedule_at_ms(id.clone(), "order.close", payload.clone(), far + i as u64)
+            .expect("schedule");
+    }
+    let took = timed_flush(&persist);
+    assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
+    took
+}
+
 /// PostgreSQL's pace for the flusher's statements, by a bare loop: the same upserts, in
 /// batches of `batch`, `IN_FLIGHT` statements at once on as many connections, each sent as
 /// the store sends it (unnamed and typed: one round trip).
@@ -233,23 +261,8 @@ fn main() {
 
     // 2. flusher upserts: journal N while the flusher waits, then time the flush.
     let payload = serde_json::Value::String("x".repeat(args.payload.saturating_sub(2)));
-    let persist = engine(
-        &rt,
-        &url,
-        "flush",
-        Duration::from_secs(3_600),
-        2 * args.tasks + 1,
-    );
-    persist.restore(RESTORE_PAGE).expect("restore");
-    for (i, id) in ids[..args.tasks].iter().enumerate() {
-        persist
-            .schedule_at_ms(id.clone(), "order.close", payload.clone(), far + i as u64)
-            .expect("schedule");
-    }
-    let flush = timed_flush(&persist);
+    let flush = upsert_round(&rt, &url, &ids[..args.tasks], &payload, far);
     let flush_per_s = args.tasks as f64 / flush.as_secs_f64();
-    assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
-    drop(persist);
     let first = rt.block_on(table_stats(&client));
 
     // 2b. PostgreSQL's own pace for the same statements, by a bare loop, same batch size.
@@ -336,22 +349,7 @@ fn main() {
         }
     });
     let vacuum_wait = t.elapsed();
-    let persist = engine(
-        &rt,
-        &url,
-        "flush",
-        Duration::from_secs(3_600),
-        2 * args.tasks + 1,
-    );
-    persist.restore(RESTORE_PAGE).expect("restore");
-    for (i, id) in ids[..args.tasks].iter().enumerate() {
-        persist
-            .schedule_at_ms(id.clone(), "order.close", payload.clone(), far + i as u64)
-            .expect("schedule");
-    }
-    timed_flush(&persist);
-    assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
-    drop(persist);
+    upsert_round(&rt, &url, &ids[..args.tasks], &payload, far);
     let second = rt.block_on(table_stats(&client));
     let ratio_pairs = pg_ns / mem_ns;
     let ratio_flush = flush_per_s / bare_per_s;
