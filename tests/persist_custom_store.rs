@@ -1706,7 +1706,7 @@ fn model_op() -> impl proptest::strategy::Strategy<Value = ModelOp> {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
 
     /// Any sequence of schedules (new ids and replacements), cancels and flushes on a few ids:
     /// `cancel` answers as a map of the pending tasks says, and after each flush the store
