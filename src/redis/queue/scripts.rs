@@ -283,6 +283,66 @@ mod tests {
             .collect()
     }
 
+    /// An ack call of several runs (a header per run of tasks sharing an owner) answers each
+    /// task in the order given, whichever run it is in, and removes what it acknowledged.
+    #[test]
+    fn an_ack_of_several_runs_answers_each_task_in_order() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("runs").unwrap();
+        let enqueue = |conn: &mut redis::Connection, id: &str| {
+            redis::pipe()
+                .zadd(k.due(), id, 0)
+                .hset(k.tasks(), id, "{}")
+                .query::<()>(conn)
+                .unwrap();
+        };
+        enqueue(&mut conn, "t1");
+        enqueue(&mut conn, "t2");
+        let first = claim(&mut conn, &k, 60_000);
+        enqueue(&mut conn, "t3");
+        enqueue(&mut conn, "t4");
+        let second = claim(&mut conn, &k, 60_000);
+        let (a, b) = (first[0].1.clone(), second[0].1.clone());
+        assert_ne!(a, b, "two claims, two owners");
+        let answers: Vec<u8> = ACK
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.tasks())
+            .key(k.expired())
+            .key(k.dead())
+            .arg(&a)
+            .arg(0)
+            .arg(0)
+            .arg(1)
+            .arg("t1")
+            .arg(&b)
+            .arg(0)
+            .arg(0)
+            .arg(2)
+            .arg("t3")
+            .arg("t4")
+            .arg(&a)
+            .arg(0)
+            .arg(0)
+            .arg(1)
+            .arg("t2")
+            .arg("c|999999")
+            .arg(0)
+            .arg(0)
+            .arg(1)
+            .arg("t1")
+            .invoke(&mut conn)
+            .unwrap();
+        assert_eq!(answers, [1, 1, 1, 1, 0]);
+        let (leased, owned, stored): (usize, usize, usize) = redis::pipe()
+            .zcard(k.lease())
+            .hlen(k.owner())
+            .hlen(k.tasks())
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!((leased, owned, stored), (0, 0, 0));
+    }
+
     /// An ack, retry or dead-lettering sent again after its reply was lost answers 2 (it
     /// landed), not 0, which the consumer counts as a takeover; a late ack not sent again,
     /// and one whose lease ran out and whose task is queued again, still answer 0.
@@ -306,10 +366,11 @@ mod tests {
                 .key(k.tasks())
                 .key(k.expired())
                 .key(k.dead())
-                .arg(id)
                 .arg(&claimed[id])
                 .arg(u8::from(again))
                 .arg(0)
+                .arg(1)
+                .arg(id)
                 .invoke(conn)
                 .unwrap()
         };
@@ -858,10 +919,11 @@ mod tests {
             .key(k.tasks())
             .key(k.expired())
             .key(k.dead())
-            .arg(&fine.0)
             .arg(&fine.1)
             .arg(0)
             .arg(0)
+            .arg(1)
+            .arg(&fine.0)
             .invoke(&mut conn)
             .unwrap();
         assert_eq!(acked, [1]);

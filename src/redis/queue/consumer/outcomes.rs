@@ -248,14 +248,25 @@ pub(super) async fn send_acks(
         .key(keys.dead());
     // A unique window's marker key for each task, only when one of them has a window.
     let windows = batch.iter().any(|(.., unique)| *unique > 0);
-    for (id, owner, again, unique) in batch.iter() {
-        inv.arg(id.as_str())
-            .arg(&**owner)
+    // Runs of consecutive tasks that share their owner, `again` and window: one header each
+    // (owner, again, window, count), then the run's ids.
+    let mut start = 0;
+    while let Some((_, owner, again, unique)) = batch.get(start) {
+        let end = batch[start..]
+            .iter()
+            .position(|(_, o, a, u)| (o, a, u) != (owner, again, unique))
+            .map_or(batch.len(), |n| start + n);
+        inv.arg(&**owner)
             .arg(u8::from(*again))
-            .arg(*unique);
-        if windows {
-            inv.key(keys.unique_marker(id));
+            .arg(*unique)
+            .arg(end - start);
+        for (id, ..) in &batch[start..end] {
+            inv.arg(id.as_str());
+            if windows {
+                inv.key(keys.unique_marker(id));
+            }
         }
+        start = end;
     }
     let results = shared.conn.run::<Vec<u8>>(&inv).await;
     if results.is_err() {

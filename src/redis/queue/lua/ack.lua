@@ -1,20 +1,32 @@
 -- KEYS: lease, owner, tasks, expired, dead, then (only when some task has a unique window)
--- each task's unique-window marker, in order. ARGV: id1, owner1, again1, window1 (ms, 0 for
--- none), id2, ... Removes each task whose owner still matches, and sets the marker of each
--- one removed with a window, expiring after it (`enqueue_unique` refuses the id meanwhile).
--- Returns per task 1 (removed), 0 (refused: the lease was taken over, or ran out and the task
--- is queued again or dead-lettered), or, for an ack sent
--- again (`again` = 1) after a call that may have run, 2 if the task is gone, held by no one
--- and not dead-lettered: most likely that call ran and only its reply was lost. (Another
--- consumer's takeover and ack in between, or a producer's cancel, would read the same;
--- without such a call before, they read as 0.)
+-- each task's unique-window marker, in order. ARGV: the tasks in runs that share their owner,
+-- `again` and window: owner, again (0/1), window (ms, 0 for none), count, then `count` ids;
+-- then the next run. (One header per run, not four arguments per task: a consumer's acks are
+-- mostly a few runs, one per claim batch, and each argument costs Redis a string to parse and
+-- Lua one to intern.) Removes each task whose owner still matches, and sets the marker of
+-- each one removed with a window, expiring after it (`enqueue_unique` refuses the id
+-- meanwhile). Returns per task, in order, 1 (removed), 0 (refused: the lease was taken over,
+-- or ran out and the task is queued again or dead-lettered), or, for an ack sent again
+-- (`again` = 1) after a call that may have run, 2 if the task is gone, held by no one and not
+-- dead-lettered: most likely that call ran and only its reply was lost. (Another consumer's
+-- takeover and ack in between, or a producer's cancel, would read the same; without such a
+-- call before, they read as 0.)
 --
 -- The owners are read with one HMGET and the removals are written with one call per key (in
 -- chunks), not four calls per task: the answers are those of checking and removing the tasks
 -- one by one, in order (an id given twice is removed once, and the second reads as gone).
 
-local ids = {}
-for i = 1, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+-- ids[k], and run[k]: where in ARGV task k's run header starts.
+local ids, run = {}, {}
+local a = 1
+while a <= #ARGV do
+  local n = tonumber(ARGV[a + 3])
+  for i = a + 4, a + 3 + n do
+    ids[#ids + 1] = ARGV[i]
+    run[#ids] = a
+  end
+  a = a + 4 + n
+end
 local markers = #KEYS > 5
 if #ids == 0 then return {} end
 local owners = {}
@@ -24,7 +36,8 @@ for i = 1, #ids, 500 do
 end
 local out, gone, removed = {}, {}, {}
 for k = 1, #ids do
-  local id, owner, again, window = ids[k], ARGV[4 * k - 2], ARGV[4 * k - 1], ARGV[4 * k]
+  local h = run[k]
+  local id, owner, again, window = ids[k], ARGV[h], ARGV[h + 1], ARGV[h + 2]
   if not removed[id] and owners[k] == owner then
     removed[id] = true
     gone[#gone + 1] = id
