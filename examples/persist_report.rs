@@ -19,6 +19,8 @@
 //! cargo run --features redis --example persist_report -- --smoke --json    # make test
 //! ```
 
+#[path = "support/persist_rounds.rs"]
+mod persist_rounds;
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
@@ -27,6 +29,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use delaywheel::redis::{now_ms, PersistConfig, Persistent};
 use delaywheel::Timer;
+use persist_rounds::{median, persistent_pairs_ns, timed_flush, timer_pairs_ns};
 
 /// The typed payload of the schedule + cancel measure: what an order service schedules.
 #[derive(serde::Serialize)]
@@ -56,11 +59,6 @@ struct Args {
     /// Print the figures as one JSON object on the last line.
     #[arg(long)]
     json: bool,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// CPU seconds the Redis server has used (user + system, all its threads).
@@ -113,12 +111,8 @@ fn schedule_all(persist: &Persistent, ids: &[String], payload: &serde_json::Valu
     }
 }
 
-/// How long a flush of everything journaled takes.
-fn timed_flush(persist: &Persistent) -> Duration {
-    let t = Instant::now();
-    assert!(persist.flush(Duration::from_secs(600)), "flush timed out");
-    t.elapsed()
-}
+/// A flush of a million tasks takes seconds; this bounds a stuck one.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// One command in RESP.
 fn resp(out: &mut Vec<u8>, args: &[&[u8]]) {
@@ -245,22 +239,8 @@ fn main() {
     persist.restore(RESTORE_PAGE).expect("restore");
     let (mut mem_ns, mut persist_ns, mut typed_ns) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..7 {
-        let t = Instant::now();
-        for id in &ids[..args.pairs] {
-            let t = timer
-                .schedule(id.clone(), Duration::from_secs(3_600))
-                .expect("schedule");
-            timer.cancel(t);
-        }
-        mem_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
-        let t = Instant::now();
-        for id in &ids[..args.pairs] {
-            persist
-                .schedule_at_ms(id.clone(), "order.close", serde_json::Value::Null, far)
-                .expect("schedule");
-            persist.cancel(id);
-        }
-        persist_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
+        mem_ns.push(timer_pairs_ns(&timer, &ids[..args.pairs]));
+        persist_ns.push(persistent_pairs_ns(&persist, &ids[..args.pairs], far));
         // The same with a typed payload, as an order service writes it: serialized at the call.
         let t = Instant::now();
         for (i, id) in ids[..args.pairs].iter().enumerate() {
@@ -339,7 +319,7 @@ fn main() {
             }
             longest
         });
-        let flush = timed_flush(&persist);
+        let flush = timed_flush(&persist, FLUSH_TIMEOUT);
         // Read at the end of the timed flush, not after the probes' own flush below.
         let cpu = redis_cpu_s(&url);
         flushing.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -385,7 +365,7 @@ fn main() {
     for id in &ids[..args.tasks] {
         persist.cancel(id);
     }
-    let remove_ops_per_s = args.tasks as f64 / timed_flush(&persist).as_secs_f64();
+    let remove_ops_per_s = args.tasks as f64 / timed_flush(&persist, FLUSH_TIMEOUT).as_secs_f64();
     drop(persist);
 
     // 5. flusher upserts again, into a Redis whose allocator holds the memory the removals
@@ -394,7 +374,7 @@ fn main() {
     persist.restore(RESTORE_PAGE).expect("restore");
     schedule_all(&persist, &ids[..args.tasks], &payload, far);
     let redis_cpu_before = redis_cpu_s(&url);
-    let warm_flush = timed_flush(&persist);
+    let warm_flush = timed_flush(&persist, FLUSH_TIMEOUT);
     let warm_redis_busy = (redis_cpu_s(&url) - redis_cpu_before) / warm_flush.as_secs_f64();
     let warm_flush_ops_per_s = args.tasks as f64 / warm_flush.as_secs_f64();
 
@@ -406,7 +386,7 @@ fn main() {
         persist.cancel(id);
     }
     schedule_all(&persist, &newcomers, &payload, far + args.tasks as u64);
-    let mixed_ops_per_s = (2 * half) as f64 / timed_flush(&persist).as_secs_f64();
+    let mixed_ops_per_s = (2 * half) as f64 / timed_flush(&persist, FLUSH_TIMEOUT).as_secs_f64();
     drop(persist);
 
     let restore_s_per_million = restore.as_secs_f64() * 1e6 / args.tasks as f64;

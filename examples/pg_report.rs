@@ -21,6 +21,8 @@
 //! cargo run --features postgres --example pg_report -- --smoke --json    # make test
 //! ```
 
+#[path = "support/persist_rounds.rs"]
+mod persist_rounds;
 #[path = "../tests/support/pg_server.rs"]
 mod pg_server;
 
@@ -31,6 +33,7 @@ use delaywheel::postgres::{PgConfig, PgStore};
 use delaywheel::redis::{now_ms, Envelope, PersistConfig, Persistent};
 use delaywheel::Timer;
 use futures_util::StreamExt;
+use persist_rounds::{median, persistent_pairs_ns, timed_flush, timer_pairs_ns};
 use tokio_postgres::types::Type;
 
 #[derive(Parser, Debug)]
@@ -55,11 +58,6 @@ struct Args {
 
 const RESTORE_PAGE: usize = 4_000;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn engine(
     rt: &tokio::runtime::Runtime,
     url: &str,
@@ -76,11 +74,8 @@ fn engine(
     Persistent::with_store(cfg, store).expect("engine").0
 }
 
-fn timed_flush(p: &Persistent<PgStore>) -> Duration {
-    let t = Instant::now();
-    assert!(p.flush(Duration::from_secs(1_800)), "flush timed out");
-    t.elapsed()
-}
+/// A flush of a million rows takes seconds; this bounds a stuck one.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1_800);
 
 /// Journals an upsert of each of `ids` (due from `far` on) in an engine of namespace `flush`
 /// whose flusher waits, then times their flush. The engine is shut down and dropped after, its
@@ -105,7 +100,7 @@ fn upsert_round(
             .schedule_at_ms(id.clone(), "order.close", payload.clone(), far + i as u64)
             .expect("schedule");
     }
-    let took = timed_flush(&persist);
+    let took = timed_flush(&persist, FLUSH_TIMEOUT);
     assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
     took
 }
@@ -238,22 +233,8 @@ fn main() {
     persist.restore(RESTORE_PAGE).expect("restore");
     let (mut mem_ns, mut pg_ns) = (Vec::new(), Vec::new());
     for _ in 0..7 {
-        let t = Instant::now();
-        for id in &ids[..args.pairs] {
-            let t = timer
-                .schedule(id.clone(), Duration::from_secs(3_600))
-                .expect("schedule");
-            timer.cancel(t);
-        }
-        mem_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
-        let t = Instant::now();
-        for id in &ids[..args.pairs] {
-            persist
-                .schedule_at_ms(id.clone(), "order.close", serde_json::Value::Null, far)
-                .expect("schedule");
-            persist.cancel(id);
-        }
-        pg_ns.push(t.elapsed().as_nanos() as f64 / args.pairs as f64);
+        mem_ns.push(timer_pairs_ns(&timer, &ids[..args.pairs]));
+        pg_ns.push(persistent_pairs_ns(&persist, &ids[..args.pairs], far));
     }
     let (mem_ns, pg_ns) = (median(mem_ns), median(pg_ns));
     assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
@@ -323,7 +304,7 @@ fn main() {
     for id in &ids[..args.tasks] {
         persist.cancel(id);
     }
-    let remove_per_s = args.tasks as f64 / timed_flush(&persist).as_secs_f64();
+    let remove_per_s = args.tasks as f64 / timed_flush(&persist, FLUSH_TIMEOUT).as_secs_f64();
     assert!(persist.shutdown().is_empty(), "unwritten at shutdown");
     drop(persist);
 

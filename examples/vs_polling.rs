@@ -354,17 +354,9 @@ const DB_CLAIM: &str = "UPDATE delay_tasks t SET status = 1
 const DB_ACK: &str =
     "DELETE FROM delay_tasks d USING unnest($1::text[]) AS u(id) WHERE d.id = u.id";
 
-async fn pg_connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the private PostgreSQL");
-    tokio::spawn(conn);
-    client
-}
-
 /// Enqueues the workload into the table in real time, one `INSERT` per millisecond's tasks.
 async fn produce_db(url: &str, work: &[(String, u64, u64)]) {
-    let client = pg_connect(url).await;
+    let client = pg_server::connect(url).await;
     let insert = client.prepare(DB_INSERT).await.expect("prepare");
     let start = Instant::now();
     let mut i = 0;
@@ -392,7 +384,7 @@ async fn db_poller(
     queries: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 ) {
-    let client = pg_connect(&url).await;
+    let client = pg_server::connect(&url).await;
     let claim = client.prepare(DB_CLAIM).await.expect("prepare");
     let ack = client.prepare(DB_ACK).await.expect("prepare");
     while !stop.load(Relaxed) {
@@ -432,7 +424,7 @@ fn run_db_design(
         .build()
         .expect("runtime");
     rt.block_on(async {
-        pg_connect(&url)
+        pg_server::connect(&url)
             .await
             .batch_execute(DB_SCHEMA)
             .await

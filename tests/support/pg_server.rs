@@ -231,11 +231,7 @@ impl PgServer {
     /// A connection of its own to the server, its driver task spawned on the current tokio
     /// runtime (for tests and reports that look at the tables directly).
     pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
-            .await
-            .expect("connect to the private PostgreSQL");
-        tokio::spawn(conn);
-        client
+        connect(&self.url()).await
     }
 
     /// Kills the server with `SIGKILL`, as a crash would.
@@ -278,6 +274,16 @@ impl Drop for PgServer {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A connection to the server at `url` (as [`PgServer::url`] gives it, for tasks that cannot
+/// borrow the server), its driver task spawned on the current tokio runtime.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the private PostgreSQL");
+    tokio::spawn(conn);
+    client
 }
 
 /// A private PgBouncer in transaction mode before a [`PgServer`]: on a Unix socket in a temp
