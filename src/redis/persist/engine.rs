@@ -19,9 +19,7 @@
 //!   not (up to `journal_bound`).
 //!   `WriteThrough` makes `schedule` return only once Redis has acknowledged it.
 
-use hashbrown::hash_map::RawEntryMut;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -43,7 +41,7 @@ use crate::redis::when::When;
 use crate::{BuildError, Timer, TimerId};
 
 use super::config::*;
-use super::index::{Entry, Ids, TaskKey};
+use super::index::{Entry, Ids, Index, TaskKey};
 use super::lease::{acquire, lease_call_timeout, lease_loop};
 use super::state::{Inner, State};
 
@@ -67,7 +65,8 @@ use super::state::{Inner, State};
 /// `false` for them), with a warning each.
 pub struct Persistent<S: TaskStore = RedisStore> {
     pub(super) inner: Arc<Inner>,
-    pub(super) timer: Timer<TaskKey>,
+    /// Each pending task's timer, carrying its id's hash (see [`Index::fired`]).
+    pub(super) timer: Timer<u64>,
     pub(super) flusher: Mutex<Option<JoinHandle<()>>>,
     /// Renews the writer lease; stopped by `shutdown` before it gives the lease up.
     pub(super) lease_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -180,7 +179,7 @@ impl<S: TaskStore> Persistent<S> {
             fired_waker: atomic_waker::AtomicWaker::new(),
             state: Mutex::new(State {
                 anchor,
-                index: Ids::with_hasher(hasher.clone()),
+                index: Index::with_hasher(hasher.clone()),
                 restoring: 0,
                 restored: false,
                 gone: Ids::default(),
@@ -208,7 +207,7 @@ impl<S: TaskStore> Persistent<S> {
         let lease_task = rt.spawn(lease_loop(inner.clone(), store.clone()));
         let fire = {
             let inner = inner.clone();
-            move |e: crate::Expiration<TaskKey>| deliver(&inner, &tx, e.value.id(), e.id)
+            move |e: crate::Expiration<u64>| deliver(&inner, &tx, e.value, e.id)
         };
         let mut builder = Timer::builder().name(format!("persistent:{}", inner.cfg.namespace));
         if let Some(clock) = inner.cfg.clock.manual_clock() {
@@ -334,48 +333,36 @@ impl<S: TaskStore> Persistent<S> {
         }
         // Against the anchor the flusher refreshes, after any wait for room: time spent
         // waiting does not make the task late.
-        let Some(timer) = self.arm(
-            TaskKey::of(&envelope),
-            &state.anchor,
-            envelope.due_at,
-            Duration::ZERO,
-        ) else {
+        // Hashed once, for the timer, the journal and the index.
+        let hash = state.index.hash(&envelope.id);
+        let Some(timer) = self.arm(hash, &state.anchor, envelope.due_at, Duration::ZERO) else {
             return Err(PersistError::Shutdown(unshare(envelope)));
         };
         // WriteThrough names the task if Redis does not confirm it in time.
         let kept =
             (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.id.clone());
         let due_at = envelope.due_at;
-        // The index takes this reference: the timer and the journal hold the other two.
+        // The index takes this reference, the journal the other.
         let id = TaskKey(envelope);
         let State { index, journal, .. } = &mut *state;
-        let hash = index.hasher().hash_one(id.id());
         // Redis may hold a version of this id: the one this replaces, or an earlier one
         // whose removal is still in the journal. One lookup records the upsert and reads
         // what it replaces.
         let replaced = journal.record_hashed(hash, id.clone(), Change::Upsert(due_at));
-        let stored = matches!(replaced, Some(Change::Remove(_)));
+        if replaced.is_some() {
+            // The journal kept the key of its first change to the id: an older version (or
+            // a removal's bare id).
+            journal.rekey(id.clone());
+        }
         let entry = Entry {
             timer: Some(timer),
-            persisted: stored,
+            persisted: matches!(replaced, Some(Change::Remove(_))),
         };
-        match index.raw_entry_mut().from_key_hashed_nocheck(hash, id.id()) {
-            RawEntryMut::Vacant(slot) => {
-                slot.insert_hashed_nocheck(hash, id, entry);
-            }
-            RawEntryMut::Occupied(mut slot) => {
-                if replaced.is_some() {
-                    // The journal kept the key of its first change to the id: an older version.
-                    journal.rekey(id.clone());
-                }
-                // The old key is the old envelope: swapped out, so that nothing keeps the old
-                // payload alive as long as the task.
-                slot.insert_key(id);
-                let old = slot.insert(entry);
-                if let Some(t) = old.timer {
-                    self.timer.cancel(t);
-                }
-                slot.get_mut().persisted |= old.persisted;
+        // The old key is the old envelope: dropped here, so that nothing keeps the old
+        // payload alive as long as the task.
+        if let Some((_, old)) = index.insert_hashed(hash, id, entry) {
+            if let Some(t) = old.timer {
+                self.timer.cancel(t);
             }
         }
         if let Some(id) = kept {
@@ -390,19 +377,19 @@ impl<S: TaskStore> Persistent<S> {
         Ok(())
     }
 
-    /// Arms the timer of task `id` for wall time `due_at` plus `extra`, read against `anchor`.
-    /// `None` once the timer has shut down.
+    /// Arms the timer of a task (`hash`: its id's hash, which the timer carries) for wall
+    /// time `due_at` plus `extra`, read against `anchor`. `None` once the timer has shut down.
     pub(super) fn arm(
         &self,
-        id: TaskKey,
+        hash: u64,
         anchor: &Anchor,
         due_at: u64,
         extra: Duration,
     ) -> Option<TimerId> {
         match anchor.instant_of(due_at, extra) {
-            Some(at) => self.timer.schedule_at(id, at),
+            Some(at) => self.timer.schedule_at(hash, at),
             // Past what an `Instant` holds: as far as the timer reaches.
-            None => self.timer.schedule(id, Duration::MAX),
+            None => self.timer.schedule(hash, Duration::MAX),
         }
         .ok()
     }
@@ -469,16 +456,12 @@ impl<S: TaskStore> Persistent<S> {
             return false; // the flusher's final round may be done: it would not be written
         }
         // Hashed once, for the index and the journal.
-        let hash = state.index.hasher().hash_one(id);
-        let (key, entry) = match state
-            .index
-            .raw_entry_mut()
-            .from_key_hashed_nocheck(hash, id)
-        {
+        let hash = state.index.hash(id);
+        let (key, entry) = match state.index.remove_pending(hash, id) {
+            Ok(task) => task,
             // Fired, waiting for ack: not this call's to remove.
-            RawEntryMut::Occupied(slot) if slot.get().timer.is_none() => return false,
-            RawEntryMut::Occupied(slot) => slot.remove_entry(),
-            RawEntryMut::Vacant(_) => {
+            Err(true) => return false,
+            Err(false) => {
                 // Not past the journal's bound: such cancels of ids that may never have
                 // existed must not grow it without limit while Redis is down.
                 if !state.restored && state.journal.depth() < self.inner.cfg.journal_bound {
@@ -520,15 +503,11 @@ impl<S: TaskStore> Persistent<S> {
                     == (task.due_at, task.created_at, task.attempt)
                 && held == task
         };
-        if self.inner.stopping.load(SeqCst)
-            || !state
-                .index
-                .get_key_value(task.id.as_str())
-                .is_some_and(fired)
+        if self.inner.stopping.load(SeqCst) || !state.index.get(task.id.as_str()).is_some_and(fired)
         {
             return false;
         }
-        let Some((id, _)) = state.index.remove_entry(task.id.as_str()) else {
+        let Some((id, _)) = state.index.remove(task.id.as_str()) else {
             return false;
         };
         state.mark_gone(&id);
@@ -615,7 +594,7 @@ impl<S: TaskStore> Persistent<S> {
 
     /// Whether task `id` is held: pending, or fired and not yet acknowledged.
     pub fn contains(&self, id: &str) -> bool {
-        self.inner.state.lock().index.contains_key(id)
+        self.inner.state.lock().index.contains(id)
     }
 
     /// Whether this engine writes to the store now: it holds the namespace's writer lease, as
@@ -798,7 +777,7 @@ impl<S: TaskStore> Persistent<S> {
             let mut unwritten = Vec::new();
             let mut removals = 0usize;
             for (key, change) in &state.journal.ops {
-                match (change, state.index.get_key_value(key.id())) {
+                match (change, state.index.get(key.id())) {
                     (Change::Upsert(_), Some((held, _))) => {
                         unwritten.push((**held.envelope()).clone())
                     }
@@ -839,15 +818,15 @@ impl<S: TaskStore> Drop for Persistent<S> {
 
 /// Runs on the callback worker when a task's timer fires: hand the envelope to the consumer,
 /// keep the entry (it is still in Redis) until it is acknowledged.
-fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str, fired: TimerId) {
+fn deliver(inner: &Inner, tx: &Sender<Envelope>, hash: u64, fired: TimerId) {
     if inner.stopping.load(SeqCst) {
         // Shutting down: the task stays in Redis; do not wait on a consumer that may be gone.
         return;
     }
     let shared = {
         let mut state = inner.state.lock();
-        match state.index.get_key_value_mut(id) {
-            Some((key, entry)) if entry.timer == Some(fired) => {
+        match state.index.fired(hash, fired) {
+            Some((key, entry)) => {
                 entry.timer = None;
                 key.envelope().clone()
             }
@@ -870,13 +849,13 @@ fn deliver(inner: &Inner, tx: &Sender<Envelope>, id: &str, fired: TimerId) {
             }
             Err(crossbeam_channel::SendTimeoutError::Timeout(back)) => {
                 if inner.stopping.load(SeqCst) {
-                    tracing::debug!(%id, "shutting down: fired task left in Redis");
+                    tracing::debug!(id = %back.id, "shutting down: fired task left in Redis");
                     return;
                 }
                 envelope = back;
             }
-            Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
-                tracing::warn!(%id, "fired task not delivered: the consumer is gone (it stays in Redis)");
+            Err(crossbeam_channel::SendTimeoutError::Disconnected(back)) => {
+                tracing::warn!(id = %back.id, "fired task not delivered: the consumer is gone (it stays in Redis)");
                 return;
             }
         }
@@ -934,7 +913,7 @@ mod tests {
         assert!(p.flush(Duration::from_secs(10)));
         let envelope = {
             let state = p.inner.state.lock();
-            state.index.get_key_value("a").unwrap().0 .0.clone()
+            state.index.get("a").unwrap().0 .0.clone()
         };
         assert!(p.cancel("a"));
         assert_eq!(p.journal_depth(), 1, "the removal waits for the next round");
@@ -956,7 +935,7 @@ mod tests {
         let far = now_ms() + 3_600_000;
         let key_of = |p: &Persistent<Accept>| {
             let state = p.inner.state.lock();
-            let (key, _) = state.index.get_key_value("a").unwrap();
+            let (key, _) = state.index.get("a").unwrap();
             assert_eq!(state.index.len(), 1);
             key.0.clone()
         };
@@ -979,16 +958,7 @@ mod tests {
     #[test]
     fn a_task_replaced_before_its_flush_keeps_no_reference_to_its_old_envelope() {
         let (p, _fired, far) = with_a_large_task();
-        let old = p
-            .inner
-            .state
-            .lock()
-            .index
-            .get_key_value("a")
-            .unwrap()
-            .0
-             .0
-            .clone();
+        let old = p.inner.state.lock().index.get("a").unwrap().0 .0.clone();
         p.schedule_at_ms("a", "t", serde_json::json!(2), far)
             .unwrap();
         assert_eq!(p.journal_depth(), 1, "one upsert of the id, waiting");

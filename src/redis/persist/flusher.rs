@@ -56,7 +56,7 @@ fn resolve(inner: &Inner, changes: &[(TaskKey, Change)]) -> Vec<Op> {
         changes
             .iter()
             .filter_map(|(id, change)| match change {
-                Change::Upsert(_) => state.index.get_key_value_mut(id).map(|(key, entry)| {
+                Change::Upsert(_) => state.index.get_mut(id.id()).map(|(key, entry)| {
                     entry.persisted = true;
                     Ok(key.envelope().clone())
                 }),
@@ -414,7 +414,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         // was to remove (a task scheduled again since did not see that removal
                         // in the journal): a cancel of the task now held must reach Redis,
                         // whether or not a newer change to it is journaled.
-                        let mut held = index.get_key_value_mut(id);
+                        let mut held = index.get_mut(id);
                         if let Some((_, entry)) = held.as_mut() {
                             entry.persisted = true;
                         }

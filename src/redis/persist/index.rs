@@ -1,11 +1,139 @@
 //! The task index: each task held, keyed by its id through [`TaskKey`], which is the task's
 //! envelope, shared by the index, the journal and the timer.
 
-use hashbrown::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
+
+use hashbrown::hash_table::Entry as Slot;
+use hashbrown::{HashMap, HashTable};
 
 use crate::redis::envelope::Envelope;
 use crate::TimerId;
+
+/// Every task held, by id: a hash table of `(key, entry)` pairs hashed by id, so that a fired
+/// timer, which carries only its task's id hash, finds its task by hash and timer id (and a
+/// schedule or cancel hashes its id once, for the index and the journal alike).
+pub(super) struct Index {
+    table: HashTable<(TaskKey, Entry)>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl Index {
+    /// An empty index hashing with `hasher` (the journal's too).
+    #[inline]
+    pub(super) fn with_hasher(hasher: foldhash::fast::RandomState) -> Index {
+        Index {
+            table: HashTable::new(),
+            hasher,
+        }
+    }
+
+    /// The hash of `id`, as the index and the journal hash it.
+    #[inline]
+    pub(super) fn hash(&self, id: &str) -> u64 {
+        self.hasher.hash_one(id)
+    }
+
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    #[inline]
+    pub(super) fn contains(&self, id: &str) -> bool {
+        self.get(id).is_some()
+    }
+
+    #[inline]
+    pub(super) fn get(&self, id: &str) -> Option<(&TaskKey, &Entry)> {
+        self.table
+            .find(self.hash(id), |(k, _)| k.id() == id)
+            .map(|(k, e)| (k, e))
+    }
+
+    #[inline]
+    pub(super) fn get_mut(&mut self, id: &str) -> Option<(&TaskKey, &mut Entry)> {
+        let hash = self.hash(id);
+        self.table
+            .find_mut(hash, |(k, _)| k.id() == id)
+            .map(|(k, e)| (&*k, e))
+    }
+
+    /// Removes `id`'s task (`hash` is its hash), returning its key and entry.
+    #[inline]
+    pub(super) fn remove_hashed(&mut self, hash: u64, id: &str) -> Option<(TaskKey, Entry)> {
+        match self.table.find_entry(hash, |(k, _)| k.id() == id) {
+            Ok(slot) => Some(slot.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    /// Removes `id`'s task (`hash`: its hash) if it is pending: its key and entry, or
+    /// `Err(true)` if it has fired (held until acknowledged: left in place), `Err(false)` if
+    /// it is not held.
+    #[inline]
+    pub(super) fn remove_pending(&mut self, hash: u64, id: &str) -> Result<(TaskKey, Entry), bool> {
+        match self.table.find_entry(hash, |(k, _)| k.id() == id) {
+            Ok(slot) if slot.get().1.timer.is_none() => Err(true),
+            Ok(slot) => Ok(slot.remove().0),
+            Err(_) => Err(false),
+        }
+    }
+
+    #[inline]
+    pub(super) fn remove(&mut self, id: &str) -> Option<(TaskKey, Entry)> {
+        self.remove_hashed(self.hash(id), id)
+    }
+
+    /// Holds `entry` under `key` (`hash` is its id's hash), returning the key and entry it
+    /// replaces (the id's previous version), if any. A replacement is `persisted` if the
+    /// version it replaces was: the store may hold that one.
+    #[inline]
+    pub(super) fn insert_hashed(
+        &mut self,
+        hash: u64,
+        key: TaskKey,
+        entry: Entry,
+    ) -> Option<(TaskKey, Entry)> {
+        debug_assert_eq!(hash, self.hash(key.id()));
+        let hasher = &self.hasher;
+        match self.table.entry(
+            hash,
+            |(k, _)| k.id() == key.id(),
+            |(k, _)| hasher.hash_one(k.id()),
+        ) {
+            Slot::Occupied(mut slot) => {
+                let persisted = slot.get().1.persisted;
+                let old = std::mem::replace(slot.get_mut(), (key, entry));
+                slot.get_mut().1.persisted |= persisted;
+                Some(old)
+            }
+            Slot::Vacant(slot) => {
+                slot.insert((key, entry));
+                None
+            }
+        }
+    }
+
+    #[inline]
+    pub(super) fn insert(&mut self, key: TaskKey, entry: Entry) -> Option<(TaskKey, Entry)> {
+        self.insert_hashed(self.hash(key.id()), key, entry)
+    }
+
+    /// The task whose timer `timer` is, if it still has it (`hash`: its id's hash, the
+    /// timer's value). A task replaced or cancelled since has another timer or none.
+    #[inline]
+    pub(super) fn fired(&mut self, hash: u64, timer: TimerId) -> Option<(&TaskKey, &mut Entry)> {
+        self.table
+            .find_mut(hash, |(_, e)| e.timer == Some(timer))
+            .map(|(k, e)| (&*k, e))
+    }
+
+    #[inline]
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&TaskKey, &mut Entry)> {
+        self.table.iter_mut().map(|(k, e)| (&*k, e))
+    }
+}
 
 /// A task held in the index. Its envelope is its key ([`TaskKey`]): the index's key is always
 /// the current version (a replacement swaps the key along with the entry).
@@ -27,11 +155,6 @@ pub(super) struct Entry {
 pub(super) struct TaskKey(pub(super) Arc<Envelope>);
 
 impl TaskKey {
-    /// The key of `envelope`.
-    pub(super) fn of(envelope: &Arc<Envelope>) -> TaskKey {
-        TaskKey(envelope.clone())
-    }
-
     /// A key for an id whose envelope is not held (a failed removal, journaled again).
     pub(super) fn bare(id: &str) -> TaskKey {
         TaskKey(Arc::new(Envelope {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use hashbrown::hash_map::{Entry as MapEntry, RawEntryMut};
 
-use crate::redis::persist::index::{Entry, Ids, TaskKey};
+use crate::redis::persist::index::{Ids, Index, TaskKey};
 
 /// A journaled change to one id, turned into a store [`Op`] by the flusher.
 #[derive(Clone, Copy)]
@@ -82,9 +82,9 @@ impl Journal {
     /// wins). A task `index` holds under such an id is marked persisted: the store may still
     /// hold a version the snapshot was to remove, and a newer change that wins over that
     /// removal (a task scheduled again meanwhile) must not let a later cancel skip the store.
-    pub(super) fn put_back(&mut self, ops: Ids<Change>, index: &mut Ids<Entry>) {
+    pub(super) fn put_back(&mut self, ops: Ids<Change>, index: &mut Index) {
         for (id, change) in ops {
-            if let Some(entry) = index.get_mut(id.id()) {
+            if let Some((_, entry)) = index.get_mut(id.id()) {
                 entry.persisted = true;
             }
             if let MapEntry::Vacant(slot) = self.ops.entry(id) {

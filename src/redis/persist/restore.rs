@@ -129,7 +129,7 @@ impl<S: TaskStore> Persistent<S> {
                 // the store, though: a cancel must remove it, like a valid row's.
                 let mut state = self.inner.state.lock();
                 page.broken.retain(|b| {
-                    if let Some(held) = state.index.get_mut(b.id.as_str()) {
+                    if let Some((_, held)) = state.index.get_mut(b.id.as_str()) {
                         held.persisted = true;
                         return false;
                     }
@@ -153,7 +153,7 @@ impl<S: TaskStore> Persistent<S> {
                     let mut state = self.inner.state.lock();
                     let State { index, journal, .. } = &mut *state;
                     for b in &page.broken {
-                        if let Some((key, entry)) = index.get_key_value_mut(b.id.as_str()) {
+                        if let Some((key, entry)) = index.get_mut(b.id.as_str()) {
                             entry.persisted = true;
                             journal.record(key.clone(), Change::Upsert(key.envelope().due_at));
                         }
@@ -168,7 +168,7 @@ impl<S: TaskStore> Persistent<S> {
             let now = anchor.wall_ms();
             let mut state = self.inner.state.lock();
             for envelope in page.tasks {
-                if let Some(held) = state.index.get_mut(envelope.id.as_str()) {
+                if let Some((_, held)) = state.index.get_mut(envelope.id.as_str()) {
                     // Scheduled again before the restore (or returned twice by the scan): the
                     // engine's version wins, and Redis holds one, so a cancel must remove it.
                     held.persisted = true;
@@ -196,7 +196,7 @@ impl<S: TaskStore> Persistent<S> {
                 };
                 let due = envelope.due_at.max(now);
                 let id = TaskKey(Arc::new(envelope));
-                let Some(timer) = self.arm(id.clone(), &anchor, due, extra) else {
+                let Some(timer) = self.arm(state.index.hash(id.id()), &anchor, due, extra) else {
                     // A stored task: it stays in the store.
                     return Err(PersistError::Stopped);
                 };

@@ -11,7 +11,7 @@ use crate::redis::persist::task_store::Lease;
 use crate::redis::wall_clock::{micros_since, Anchor};
 
 use super::config::*;
-use super::index::{Entry, Ids, TaskKey};
+use super::index::{Ids, Index, TaskKey};
 use super::journal::{Change, Journal};
 
 /// Everything the callers and the flusher share, under `Inner::state`.
@@ -21,7 +21,7 @@ pub(super) struct State {
     /// clocks again (one clock read is a fifth of its cost here).
     pub(super) anchor: Anchor,
     /// Every task held: pending, or fired and not yet acknowledged.
-    pub(super) index: Ids<Entry>,
+    pub(super) index: Index,
     /// Restores in progress: a snapshot waits for them, or it would write a partly loaded set
     /// over the rows they have not read yet.
     pub(super) restoring: usize,
