@@ -16,31 +16,37 @@
 -- chunks), not four calls per task: the answers are those of checking and removing the tasks
 -- one by one, in order (an id given twice is removed once, and the second reads as gone).
 
--- ids[k], and run[k]: where in ARGV task k's run header starts.
-local ids, run = {}, {}
+-- ids[k], and run[k]: where in ARGV task k's run header starts; `count` tasks. (Appends keep
+-- their own counts: `#t` is a search in Lua 5.1.)
+local ids, run, count = {}, {}, 0
 local a = 1
 while a <= #ARGV do
   local n = tonumber(ARGV[a + 3])
   for i = a + 4, a + 3 + n do
-    ids[#ids + 1] = ARGV[i]
-    run[#ids] = a
+    count = count + 1
+    ids[count] = ARGV[i]
+    run[count] = a
   end
   a = a + 4 + n
 end
 local markers = #KEYS > 5
-if #ids == 0 then return {} end
-local owners = {}
-for i = 1, #ids, 500 do
-  local part = redis.call('HMGET', KEYS[2], unpack(ids, i, math.min(i + 499, #ids)))
-  for j = 1, #part do owners[#owners + 1] = part[j] end
+if count == 0 then return {} end
+local owners, o = {}, 0
+for i = 1, count, 500 do
+  local part = redis.call('HMGET', KEYS[2], unpack(ids, i, math.min(i + 499, count)))
+  for j = 1, #part do
+    o = o + 1
+    owners[o] = part[j]
+  end
 end
-local out, gone, removed = {}, {}, {}
-for k = 1, #ids do
+local out, gone, g, removed = {}, {}, 0, {}
+for k = 1, count do
   local h = run[k]
   local id, owner, again, window = ids[k], ARGV[h], ARGV[h + 1], ARGV[h + 2]
   if not removed[id] and owners[k] == owner then
     removed[id] = true
-    gone[#gone + 1] = id
+    g = g + 1
+    gone[g] = id
     out[k] = 1
     if markers and window ~= '0' then
       redis.call('SET', KEYS[5 + k], '1', 'PX', window)
@@ -51,8 +57,8 @@ for k = 1, #ids do
     out[k] = 0
   end
 end
-for i = 1, #gone, 500 do
-  local j = math.min(i + 499, #gone)
+for i = 1, g, 500 do
+  local j = math.min(i + 499, g)
   redis.call('ZREM', KEYS[1], unpack(gone, i, j))
   redis.call('HDEL', KEYS[2], unpack(gone, i, j))
   redis.call('HDEL', KEYS[3], unpack(gone, i, j))

@@ -10,8 +10,10 @@ local notify_before = tonumber(ARGV[3])
 local out = {}
 local earliest, earliest_text = nil, nil
 -- Written with one call per key (in chunks) after the loop, not three calls per task; an id
--- stored earlier in this call reads as pending, as it would task by task.
-local dues, envelopes, ids, stored_here = {}, {}, {}, {}
+-- stored earlier in this call reads as pending, as it would task by task. `n` tasks stored:
+-- `ids` holds them, `dues` and `envelopes` two entries each. (Appends keep their own counts:
+-- `#t` is a search in Lua 5.1.)
+local dues, envelopes, ids, stored_here, n = {}, {}, {}, {}, 0
 for i = 5, #ARGV, 3 do
   local id, due, envelope = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local pending
@@ -22,27 +24,26 @@ for i = 5, #ARGV, 3 do
     pending = stored and (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[3], id))
   end
   if pending and not replace then
-    out[#out + 1] = 0
+    out[(i - 2) / 3] = 0
   else
     if pending and not stored_here[id] then
       redis.call('ZREM', KEYS[3], id)
       redis.call('HDEL', KEYS[4], id)
     end
     stored_here[id] = true
-    dues[#dues + 1] = due
-    dues[#dues + 1] = id
-    envelopes[#envelopes + 1] = id
-    envelopes[#envelopes + 1] = envelope
-    ids[#ids + 1] = id
-    out[#out + 1] = 1
+    n = n + 1
+    dues[2 * n - 1], dues[2 * n] = due, id
+    envelopes[2 * n - 1], envelopes[2 * n] = id, envelope
+    ids[n] = id
+    out[(i - 2) / 3] = 1
     local d = tonumber(due)
     if earliest == nil or d < earliest then
       earliest, earliest_text = d, due
     end
   end
 end
-for i = 1, #ids, 500 do
-  local j = math.min(i + 499, #ids)
+for i = 1, n, 500 do
+  local j = math.min(i + 499, n)
   redis.call('ZADD', KEYS[1], unpack(dues, 2 * i - 1, 2 * j))
   redis.call('HSET', KEYS[2], unpack(envelopes, 2 * i - 1, 2 * j))
   redis.call('HDEL', KEYS[5], unpack(ids, i, j))
