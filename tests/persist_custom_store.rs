@@ -1688,6 +1688,85 @@ fn a_full_journal_asks_for_a_round_at_once() {
     }
 }
 
+/// The tasks of one round: it has read the first few of its writes from the index when the
+/// store stalls, and the rest wait in the round. Meanwhile tasks of both kinds are cancelled,
+/// replaced, or replaced and cancelled, and new ones come. Once the store answers, it holds
+/// exactly the pending set, each task as its last version (a write the round had yet to read
+/// reads the newest version, or nothing for a task cancelled; one it had read and sent is
+/// replaced or removed by the next round).
+#[test]
+fn changes_while_a_round_is_half_read_end_as_the_pending_set() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    cfg.batch = 1; // a write per batch: the round reads a few, then waits for the store
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    p.restore(100).unwrap();
+    let far = now_ms() + 3_600_000;
+    let mut model: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..40 {
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(0), far)
+            .unwrap();
+        model.insert(format!("t{i}"), 0);
+    }
+    store.paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let round = s.spawn(|| p.flush(PATIENCE));
+        wait_until("a round waiting on the store", || {
+            store.waiting.load(SeqCst) > 0
+        });
+        assert!(
+            p.journal_depth() >= 40,
+            "the round took the 40 writes (read or not): {}",
+            p.journal_depth()
+        );
+        for i in 0..40u64 {
+            let id = format!("t{i}");
+            match i % 4 {
+                0 => {
+                    assert!(p.cancel(&id));
+                    model.remove(&id);
+                }
+                1 => {
+                    p.schedule_at_ms(id.clone(), "t", serde_json::json!(i), far)
+                        .unwrap();
+                    model.insert(id, i);
+                }
+                2 => {
+                    p.schedule_at_ms(id.clone(), "t", serde_json::json!(i), far)
+                        .unwrap();
+                    assert!(p.cancel(&id));
+                    model.remove(&id);
+                }
+                _ => {}
+            }
+        }
+        for i in 40..50u64 {
+            p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
+                .unwrap();
+            model.insert(format!("t{i}"), i);
+        }
+        store.paused.store(false, SeqCst);
+        assert!(round.join().unwrap(), "the stalled round did not end");
+    });
+    assert!(p.flush(PATIENCE));
+    let stored: BTreeMap<String, u64> = store
+        .table
+        .lock()
+        .iter()
+        .map(|(id, (_, bytes))| {
+            let e: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+            (id.clone(), e["payload"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(stored, model);
+    assert_eq!(p.journal_depth(), 0);
+    p.shutdown();
+    let q = engine(&store);
+    assert_eq!(q.restore(100).unwrap().loaded, model.len());
+    q.shutdown();
+}
+
 /// An operation of the model test below.
 #[derive(Debug, Clone)]
 enum ModelOp {

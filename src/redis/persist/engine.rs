@@ -33,7 +33,7 @@ use crate::redis::envelope::Envelope;
 use crate::redis::layout::KeyLayout;
 use crate::redis::payload::{new_task, IntoPayload};
 use crate::redis::persist::flusher::flush_loop;
-use crate::redis::persist::journal::{Change, Journal};
+use crate::redis::persist::journal::Journal;
 use crate::redis::persist::redis_store::RedisStore;
 use crate::redis::persist::task_store::{guarded, TaskStore};
 use crate::redis::wall_clock::Anchor;
@@ -183,10 +183,7 @@ impl<S: TaskStore> Persistent<S> {
                 restoring: 0,
                 restored: false,
                 gone: Ids::default(),
-                journal: Journal {
-                    ops: Ids::with_hasher(hasher),
-                    ..Journal::default()
-                },
+                journal: Journal::with_hasher(hasher),
             }),
             flushed: Condvar::new(),
             kick: Condvar::new(),
@@ -342,28 +339,21 @@ impl<S: TaskStore> Persistent<S> {
         let kept =
             (self.inner.cfg.durability == Durability::WriteThrough).then(|| envelope.id.clone());
         let due_at = envelope.due_at;
-        // The index takes this reference, the journal the other.
-        let id = TaskKey(envelope);
         let State { index, journal, .. } = &mut *state;
-        // Redis may hold a version of this id: the one this replaces, or an earlier one
-        // whose removal is still in the journal. One lookup records the upsert and reads
-        // what it replaces.
-        let replaced = journal.record_hashed(hash, id.clone(), Change::Upsert(due_at));
-        if replaced.is_some() {
-            // The journal kept the key of its first change to the id: an older version (or
-            // a removal's bare id).
-            journal.rekey(id.clone());
-        }
+        // The store may hold a version of this id: the one this replaces, or an earlier one
+        // whose removal is still in the journal (this write replaces that removal).
         let entry = Entry {
             timer: Some(timer),
-            persisted: matches!(replaced, Some(Change::Remove(_))),
+            persisted: journal.take_removal(hash, &envelope.id),
+            dirty: true,
         };
         // The old key is the old envelope: dropped here, so that nothing keeps the old
         // payload alive as long as the task.
-        if let Some((_, old)) = index.insert_hashed(hash, id, entry) {
-            if let Some(t) = old.timer {
-                self.timer.cancel(t);
-            }
+        let old = index.insert_hashed(hash, TaskKey(envelope), entry);
+        let replaced_dirty = old.as_ref().is_some_and(|(_, old)| old.dirty);
+        journal.scheduled(hash, due_at, replaced_dirty, index);
+        if let Some(t) = old.and_then(|(_, old)| old.timer) {
+            self.timer.cancel(t);
         }
         if let Some(id) = kept {
             // The wait releases the lock.
@@ -475,11 +465,15 @@ impl<S: TaskStore> Persistent<S> {
             self.timer.cancel(timer);
         }
         state.mark_gone(&key);
-        // Before a restore has completed, the store may hold a version of this id from a
-        // previous process, which a restore would load: the removal is written either way.
-        let persisted = entry.persisted || !state.restored;
-        let due_at = key.envelope().due_at;
-        state.journal.remove(hash, key, persisted, due_at);
+        // Scheduled and cancelled before a round read it, and never written before: the store
+        // holds nothing to remove. Unless no restore has completed: the store may then hold a
+        // version of this id from a previous process, which a restore would load, so the
+        // removal is written either way.
+        let unwritten = entry.dirty && !entry.persisted && state.restored;
+        state.journal.forget(&entry);
+        if !unwritten {
+            state.journal.record_removal(id, key.envelope().due_at);
+        }
         true
     }
 
@@ -507,9 +501,10 @@ impl<S: TaskStore> Persistent<S> {
         {
             return false;
         }
-        let Some((id, _)) = state.index.remove(task.id.as_str()) else {
+        let Some((id, entry)) = state.index.remove(task.id.as_str()) else {
             return false;
         };
+        state.journal.forget(&entry);
         state.mark_gone(&id);
         state.journal.record_removal(id.id(), id.envelope().due_at);
         true
@@ -623,7 +618,7 @@ impl<S: TaskStore> Persistent<S> {
         let mut state = self.inner.state.lock();
         // Not at once while a restore runs: it may have removed a row (with a broken one it
         // dead-letters) that it has yet to journal again. (Two rounds do not wait for that.)
-        if state.journal.ops.is_empty() && !state.journal.in_round && state.restoring == 0 {
+        if state.journal.is_empty() && !state.journal.in_round && state.restoring == 0 {
             return true;
         }
         self.inner.wait_for_changes_so_far(&mut state, deadline)
@@ -774,17 +769,13 @@ impl<S: TaskStore> Persistent<S> {
         // The flusher's final round is done: what is still journaled was not written.
         let (unwritten, removals) = {
             let state = self.inner.state.lock();
-            let mut unwritten = Vec::new();
-            let mut removals = 0usize;
-            for (key, change) in &state.journal.ops {
-                match (change, state.index.get(key.id())) {
-                    (Change::Upsert(_), Some((held, _))) => {
-                        unwritten.push((**held.envelope()).clone())
-                    }
-                    _ => removals += 1,
-                }
-            }
-            (unwritten, removals)
+            let unwritten: Vec<Envelope> = state
+                .index
+                .iter()
+                .filter(|(_, entry)| entry.dirty)
+                .map(|(key, _)| (**key.envelope()).clone())
+                .collect();
+            (unwritten, state.journal.removals.len())
         };
         if !unwritten.is_empty() || removals > 0 {
             tracing::error!(
@@ -892,6 +883,74 @@ mod tests {
         }
     }
 
+    /// A store that takes every write and keeps the operations it was sent.
+    #[derive(Clone, Default)]
+    struct Recording(Arc<Mutex<Vec<Op>>>);
+
+    impl TaskStore for Recording {
+        async fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
+            self.0.lock().extend_from_slice(ops);
+            Ok(())
+        }
+        async fn rows(&self, _: crate::redis::Cursor, _: usize) -> Result<Rows, StoreError> {
+            Ok(Rows::default())
+        }
+        async fn dead_letter(&self, _: &[Broken], _: u64) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn replace_all(&self, _: &[Op]) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    /// Tasks scheduled and cancelled within one flush window cost the store nothing, and the
+    /// journal's list of writes stays bounded by the index, however many of them there are
+    /// (each leaves a stale item, which the list sheds): a task journaled before them, and
+    /// replaced among them, is still written, once, as its last version.
+    #[test]
+    fn churn_between_rounds_keeps_the_journal_bounded_and_loses_no_write() {
+        let store = Recording::default();
+        let mut cfg = PersistConfig::new("unused://", "unused");
+        cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+        let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+        p.restore(100).unwrap();
+        let far = now_ms() + 3_600_000;
+        p.schedule_at_ms("keep", "t", serde_json::json!(-1), far)
+            .unwrap();
+        let mut most = 0;
+        for i in 0..20_000 {
+            let id = format!("churn:{i}");
+            p.schedule_at_ms(id.clone(), "t", serde_json::Value::Null, far)
+                .unwrap();
+            assert!(p.cancel(&id));
+            if i % 1_000 == 0 {
+                p.schedule_at_ms("keep", "t", serde_json::json!(i), far)
+                    .unwrap();
+            }
+            most = most.max(p.inner.state.lock().journal.upserts.len());
+        }
+        assert_eq!(p.journal_depth(), 1, "one write waits: keep's");
+        // At most two tasks held and dirty at a time (keep, and one of the churn): the list
+        // holds them, and at most the index's size plus the slack of stale items.
+        assert!(
+            most <= 2 + 2 + crate::redis::persist::journal::COMPACT_SLACK,
+            "the list of writes grew to {most} items for one dirty task"
+        );
+        assert!(p.flush(Duration::from_secs(10)));
+        let ops = store.0.lock().clone();
+        assert_eq!(ops.len(), 1, "{} ops written", ops.len());
+        match &ops[0] {
+            Op::Upsert { id, envelope, .. } => {
+                assert_eq!(id, "keep");
+                let written = Envelope::decode(envelope).unwrap();
+                assert_eq!(written.payload, serde_json::json!(19_000));
+            }
+            other => panic!("wrote {other:?}"),
+        }
+        assert_eq!(p.journal_depth(), 0);
+        p.shutdown();
+    }
+
     /// An engine whose flusher writes only when asked (`flush`), holding task "a" with a 1 KB
     /// payload, due at the returned time, not yet flushed.
     fn with_a_large_task() -> (Persistent<Accept>, Receiver<Envelope>, u64) {
@@ -952,9 +1011,9 @@ mod tests {
         p.shutdown();
     }
 
-    /// The same within one flush window (or while Redis is down): the journal's upsert of the
-    /// id must not keep the first version's envelope either. (It kept its first key, and with
-    /// it up to `journal_bound` payloads no one could read any more.)
+    /// The same within one flush window (or while Redis is down): the journaled write of the
+    /// id must not keep the first version's envelope either. (An earlier journal kept its
+    /// first key, and with it up to `journal_bound` payloads no one could read any more.)
     #[test]
     fn a_task_replaced_before_its_flush_keeps_no_reference_to_its_old_envelope() {
         let (p, _fired, far) = with_a_large_task();

@@ -1,6 +1,6 @@
-//! The write-behind half of [`Persistent`](crate::redis::Persistent): the journal that callers record
-//! their changes into, keyed by task id, and the flusher thread that drains it into the store
-//! in batches, or writes a snapshot of the whole pending set.
+//! The write-behind half of [`Persistent`](crate::redis::Persistent): the flusher thread that
+//! drains the journal (see `journal.rs`) into the store in batches, or writes a snapshot of the
+//! whole pending set.
 //!
 //! The ground rules are those of `engine.rs`: memory is the source of truth, the journal
 //! lives with the index under one mutex (`Inner::state`), and encoding and writing happen
@@ -22,18 +22,17 @@ use crate::redis::store_error::StoreError;
 /// A round's changes in the order they are written: by due time, so each batch touches one
 /// stretch of the ZSET (removals first, then writes). Redis takes sorted writes about a third
 /// faster, and sorted removals three times as fast. Sorted with no lock held.
-fn in_round_order(changes: Ids<Change>) -> Vec<(TaskKey, Change)> {
-    let mut changes: Vec<(TaskKey, Change)> = changes.into_iter().collect();
-    changes.sort_unstable_by_key(|(_, change)| change.sort_key());
+fn in_round_order(mut changes: Vec<Change>) -> Vec<Change> {
+    changes.sort_unstable_by_key(Change::sort_key);
     changes
 }
 
 /// The batches of a round in [`in_round_order`]: up to `batch` changes each, and never a
 /// removal and a write in one, so that a Redis at `maxmemory` (which refuses a MULTI with a
 /// ZADD or HSET in it whole) still takes every batch of removals, which free its memory.
-fn batch_ranges(changes: &[(TaskKey, Change)], batch: usize) -> Vec<std::ops::Range<usize>> {
+fn batch_ranges(changes: &[Change], batch: usize) -> Vec<std::ops::Range<usize>> {
     let batch = batch.max(1);
-    let split = changes.partition_point(|(_, change)| change.is_removal());
+    let split = changes.partition_point(Change::is_removal);
     let mut ranges = Vec::with_capacity(changes.len() / batch + 2);
     for (mut start, end) in [(0, split), (split, changes.len())] {
         while start < end {
@@ -48,19 +47,20 @@ fn batch_ranges(changes: &[(TaskKey, Change)], batch: usize) -> Vec<std::ops::Ra
 /// The store operations of a stretch of a round's changes. The index is read under the lock
 /// for this stretch only, so producers wait at most that long, and the stretches after it are
 /// read only once the ones before are on their way. A change to an id made meanwhile is in
-/// the journal for the next round; an upsert whose task is gone since is skipped (its cancel
-/// or ack journaled the removal, or nothing at all for a task the store never held).
-fn resolve(inner: &Inner, changes: &[(TaskKey, Change)]) -> Vec<Op> {
+/// the journal for the next round; an upsert whose task is gone since, or was written by
+/// then, is skipped (its cancel or ack journaled the removal, or nothing at all for a task the
+/// store never held).
+fn resolve(inner: &Inner, changes: &[Change]) -> Vec<Op> {
     let writes: Vec<Result<Arc<Envelope>, &TaskKey>> = {
         let mut state = inner.state.lock();
+        let State { index, journal, .. } = &mut *state;
         changes
             .iter()
-            .filter_map(|(id, change)| match change {
-                Change::Upsert(_) => state.index.get_mut(id.id()).map(|(key, entry)| {
-                    entry.persisted = true;
-                    Ok(key.envelope().clone())
-                }),
-                Change::Remove(_) => Some(Err(id)),
+            .filter_map(|change| match change {
+                Change::Upsert { hash, .. } => journal
+                    .read_write(*hash, index)
+                    .map(|(key, _)| Ok(key.envelope().clone())),
+                Change::Remove { id, .. } => Some(Err(id)),
             })
             .collect()
     };
@@ -99,11 +99,11 @@ enum Round {
     /// The journaled changes, when the oldest of them was made, and whether they are the
     /// whole journal (not a probe): only a whole round counts as flushed, since `flush` and
     /// WriteThrough take two flushed rounds to mean "everything before the call is written".
-    Journal(Ids<Change>, Option<Instant>, bool),
-    /// The whole pending set (a snapshot), which subsumes the journal: the changes it took,
-    /// put back if the snapshot fails, when the oldest of them was made, and the snapshot
-    /// round's number.
-    Snapshot(Vec<Arc<Envelope>>, Ids<Change>, Option<Instant>, u64),
+    Journal(Vec<Change>, Option<Instant>, bool),
+    /// The whole pending set (a snapshot), which subsumes the journal: the removals and the
+    /// hashes of the writes it took, put back if the snapshot fails, when the oldest of them
+    /// was made, and the snapshot round's number.
+    Snapshot(Vec<Arc<Envelope>>, Ids<u64>, Vec<u64>, Option<Instant>, u64),
 }
 
 /// Takes the next round's work out of the journal (and, for a snapshot, the index). While the
@@ -123,7 +123,7 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
         gone,
         ..
     } = &mut *state;
-    metrics::gauge!("delaywheel_journal_depth").set(journal.ops.len() as f64);
+    metrics::gauge!("delaywheel_journal_depth").set(journal.depth() as f64);
     if let Some(t) = journal.oldest {
         metrics::gauge!("delaywheel_flush_lag_seconds").set(t.elapsed().as_secs_f64());
     }
@@ -132,59 +132,47 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
     if journal.snapshot_wanted && *restoring == 0 && *restored && !hold_snapshot {
         journal.snapshot_wanted = false;
         journal.snapshot_rounds += 1;
+        // Every entry's current version is in the snapshot: none is dirty any more.
         let all = index
             .iter_mut()
             .map(|(key, entry)| {
                 entry.persisted = true;
+                entry.dirty = false;
                 key.envelope().clone()
             })
             .collect();
         journal.in_round = true;
-        journal.taken = journal.ops.len();
+        journal.dirty = 0;
+        let hashes = journal.upserts.drain(..).map(|(hash, _)| hash).collect();
+        let removals = journal.take_removals();
         return Round::Snapshot(
             all,
-            journal.take_ops(),
+            removals,
+            hashes,
             journal.oldest.take(),
             journal.snapshot_rounds,
         );
     }
-    let (ops, oldest, whole) = if down && journal.ops.len() > inner.cfg.batch {
+    let (ops, oldest, whole) = if down && journal.depth() > inner.cfg.batch {
         // A probe: one batch, O(batch) here; the rest waits in the journal, oldest included.
-        // Removals if any are found among the first few batches' worth: a Redis at
-        // `maxmemory` refuses every batch with a write in it, and takes removals, which free
-        // its memory (writes alone would be refused for as long as it stays full).
-        let batch = inner.cfg.batch;
-        let mut ids: Vec<TaskKey> = journal
-            .ops
-            .iter()
-            .take(batch.saturating_mul(PROBE_SCAN))
-            .filter(|(_, change)| change.is_removal())
-            .take(batch)
-            .map(|(id, _)| id.clone())
-            .collect();
-        if ids.is_empty() {
-            ids = journal.ops.keys().take(batch).cloned().collect();
-        }
-        let probe: Ids<Change> = ids
-            .into_iter()
-            .filter_map(|id| journal.ops.remove_entry(id.id()))
-            .collect();
-        (probe, None, false)
+        // Removals if there are any: a Redis at `maxmemory` refuses every batch with a write
+        // in it, and takes removals, which free its memory (writes alone would be refused for
+        // as long as it stays full).
+        (journal.take_batch(inner.cfg.batch), None, false)
     } else {
         // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
-        (journal.take_ops(), journal.oldest.take(), true)
+        (journal.take_all(index), journal.oldest.take(), true)
     };
     if *restoring > 0 {
         // The removals this round takes leave the journal before they reach the store: a
         // restore running now may read their rows meanwhile, and must not load them.
-        for (id, change) in &ops {
-            if matches!(change, Change::Remove(_)) {
+        for change in &ops {
+            if let Change::Remove { id, .. } = change {
                 gone.insert(id.clone(), ());
             }
         }
     }
     journal.in_round = true;
-    journal.taken = ops.len();
     Round::Journal(ops, oldest, whole)
 }
 
@@ -195,9 +183,6 @@ fn older(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
         (a, b) => a.or(b),
     }
 }
-
-/// How many batches' worth of the journal a probe looks through for removals.
-const PROBE_SCAN: usize = 16;
 
 /// Batches in flight at once. The multiplexed connection pipelines them, so building one batch
 /// overlaps Redis applying the ones before it. The ids of one round are distinct, so the
@@ -402,32 +387,43 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                     // and must not be what these changes wait for.
                     // Built and failed, or never built: (id, whether it wrote the task, the
                     // due time a removal sorts by).
-                    let again = failed
-                        .iter()
-                        .map(|op| (op.id(), matches!(op, Op::Upsert { .. }), 0))
-                        .chain(unsent.iter().map(|(id, change)| match change {
-                            Change::Upsert(due_at) => (id.id(), true, *due_at),
-                            Change::Remove(due_at) => (id.id(), false, *due_at),
-                        }));
+                    // Writes never read from the index: their entries are still dirty, and
+                    // their items go back on the list as they were.
+                    let mut again = Vec::with_capacity(failed.len() + unsent.len());
+                    for change in unsent {
+                        match change {
+                            Change::Upsert { hash, due_at } => {
+                                journal.upserts.push((*hash, *due_at));
+                            }
+                            Change::Remove { id, due_at } => again.push((id.id(), false, *due_at)),
+                        }
+                    }
+                    again.extend(
+                        failed
+                            .iter()
+                            .map(|op| (op.id(), matches!(op, Op::Upsert { .. }), 0)),
+                    );
                     for (id, upsert, due_hint) in again {
                         // Redis may hold what a failed op left half done, or the version an op
                         // was to remove (a task scheduled again since did not see that removal
                         // in the journal): a cancel of the task now held must reach Redis,
                         // whether or not a newer change to it is journaled.
-                        let mut held = index.get_mut(id);
-                        if let Some((_, entry)) = held.as_mut() {
+                        let hash = index.hash(id);
+                        if let Some((key, entry)) = index.get_hashed_mut(hash, id) {
                             entry.persisted = true;
-                        }
-                        if journal.ops.contains_key(id) {
-                            continue;
-                        }
-                        // Tried again: a write as the task's current version, or a removal
-                        // (also of a write whose task is gone since).
-                        match held {
-                            Some((key, _)) if upsert => {
-                                journal.record(key.clone(), Change::Upsert(key.envelope().due_at));
+                            if entry.dirty {
+                                continue; // a newer version is to be written: it wins
                             }
-                            _ => journal.record_removal(id, due_hint),
+                            if upsert {
+                                // Tried again, as the task's current version.
+                                journal.upsert(hash, key, entry);
+                                continue;
+                            }
+                        }
+                        // A removal tried again (also of a write whose task is gone since),
+                        // unless a newer one is journaled.
+                        if !journal.removals.contains_key(id) {
+                            journal.record_removal(id, due_hint);
                         }
                     }
                     journal.oldest = older(journal.oldest, oldest);
@@ -438,7 +434,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                 journal_down = error.is_some();
                 (error.map_or(Ok(()), Err), None)
             }
-            Round::Snapshot(envelopes, subsumed, oldest, number) => {
+            Round::Snapshot(envelopes, removals, hashes, oldest, number) => {
                 snapshot_round = Some(number);
                 let ops: Vec<Op> = envelopes.iter().filter_map(|e| upsert_op(e)).collect();
                 let started = Instant::now();
@@ -461,7 +457,7 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         let mut state = inner.state.lock();
                         let State { index, journal, .. } = &mut *state;
                         journal.snapshot_wanted = true;
-                        journal.put_back(subsumed, index);
+                        journal.put_back(removals, hashes, index);
                         journal.taken = 0;
                         journal.oldest = older(journal.oldest, oldest);
                         snapshot_failed = true;
@@ -514,6 +510,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+    use crate::redis::persist::index::Index;
     use crate::redis::persist::journal::Journal;
     use crate::redis::{Broken, Rows};
 
@@ -544,15 +541,14 @@ mod tests {
         let mut journal = Journal::default();
         let dues = [40u64, 10, 30, 20, 50, 0];
         for (i, due) in dues.iter().enumerate() {
-            let id = format!("t{i}");
             if i % 2 == 0 {
-                journal.record(TaskKey::bare(&id), Change::Upsert(*due));
+                journal.upserts.push((i as u64, *due));
             } else {
-                journal.record_removal(&id, *due);
+                journal.record_removal(&format!("t{i}"), *due);
             }
         }
-        let round = in_round_order(std::mem::take(&mut journal.ops));
-        let order: Vec<(bool, u64)> = round.iter().map(|(_, change)| change.sort_key()).collect();
+        let round = in_round_order(journal.take_all(&Index::with_hasher(Default::default())));
+        let order: Vec<(bool, u64)> = round.iter().map(Change::sort_key).collect();
         // (false: a removal.)
         assert_eq!(
             order,

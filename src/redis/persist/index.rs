@@ -1,5 +1,5 @@
 //! The task index: each task held, keyed by its id through [`TaskKey`], which is the task's
-//! envelope, shared by the index, the journal and the timer.
+//! envelope, shared with the flusher (which encodes it) and the delivery of a fired task.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -130,6 +130,36 @@ impl Index {
     }
 
     #[inline]
+    pub(super) fn get_hashed_mut(&mut self, hash: u64, id: &str) -> Option<(&TaskKey, &mut Entry)> {
+        debug_assert_eq!(hash, self.hash(id));
+        self.table
+            .find_mut(hash, |(k, _)| k.id() == id)
+            .map(|(k, e)| (&*k, e))
+    }
+
+    /// A dirty entry whose id hashes to `hash`, if there is one (see the journal).
+    pub(super) fn dirty(&mut self, hash: u64) -> Option<(&TaskKey, &mut Entry)> {
+        let hasher = &self.hasher;
+        self.table
+            .find_mut(hash, |(k, e)| e.dirty && hasher.hash_one(k.id()) == hash)
+            .map(|(k, e)| (&*k, e))
+    }
+
+    /// Every entry whose id hashes to `hash` (one, but for a collision of two ids).
+    pub(super) fn with_hash(&mut self, hash: u64) -> impl Iterator<Item = (&TaskKey, &mut Entry)> {
+        let hasher = &self.hasher;
+        self.table
+            .iter_hash_mut(hash)
+            .filter(move |(k, _)| hasher.hash_one(k.id()) == hash)
+            .map(|(k, e)| (&*k, e))
+    }
+
+    #[inline]
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&TaskKey, &Entry)> {
+        self.table.iter().map(|(k, e)| (k, e))
+    }
+
+    #[inline]
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&TaskKey, &mut Entry)> {
         self.table.iter_mut().map(|(k, e)| (&*k, e))
     }
@@ -142,15 +172,18 @@ pub(super) struct Entry {
     pub(super) timer: Option<TimerId>,
     /// Whether Redis may hold some version of this task: set when the flusher reads an upsert
     /// of it from the index to write it (or a write of it failed). After a restore has
-    /// completed, a cancel of a task that is not persisted and whose upsert is still in the
-    /// journal just drops that upsert: no Redis command at all.
+    /// completed, a cancel of a task that is not persisted and still dirty just drops it: no
+    /// store command at all.
     pub(super) persisted: bool,
+    /// Its current version is still to be written (no round has read it yet): see the
+    /// journal.
+    pub(super) dirty: bool,
 }
 
-/// A task id as a map key and timer value: the task's envelope, shared. The key and the
-/// envelope are one allocation, and the index, the journal and the timer share it by reference
-/// count (an id of its own cost a fifth of a persistent schedule's time here). It hashes and
-/// compares as its id, so maps keyed by it are looked up by `&str`.
+/// A task id as a map key: the task's envelope, shared. The key and the envelope are one
+/// allocation, which the flusher and a fired task's delivery share by reference count (an id
+/// of its own cost a fifth of a persistent schedule's time here). It hashes and compares as
+/// its id, so maps keyed by it are looked up by `&str`.
 #[derive(Clone)]
 pub(super) struct TaskKey(pub(super) Arc<Envelope>);
 
@@ -200,7 +233,6 @@ impl PartialEq for TaskKey {
 impl Eq for TaskKey {}
 
 /// Maps keyed by task id, hashed with foldhash (seeded per process, so ids chosen by a client
-/// cannot collide on purpose). A key may hold an older version of its task than the index's
-/// entry (the journal keeps the key of the first change in a flush window): only its id is
-/// read through it.
+/// cannot collide on purpose). Outside the index, a key may be a bare id ([`TaskKey::bare`]): only
+/// its id is read through it.
 pub(super) type Ids<V> = HashMap<TaskKey, V, foldhash::fast::RandomState>;

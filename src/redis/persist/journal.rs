@@ -1,26 +1,37 @@
-//! The journal: every change callers made since the last flush round, keyed by task id (a
-//! later change to an id replaces an earlier one), and the flags by which callers and the
-//! flusher signal each other.
+//! The journal: every change callers made since the last flush round, and the flags by which
+//! callers and the flusher signal each other.
+//!
+//! A write to make is not a separate record: it is the index entry itself, marked `dirty`
+//! (the store lacks its current version), with its id's hash (and due time) pushed on a list
+//! the flusher reads. A removal, whose task has left the index, is a record of its own, keyed
+//! by id. So a task scheduled and cancelled within one flush window costs the journal a push
+//! on a list and a flag, not a map entry made and removed again (and no reference to its
+//! envelope: cancelling it frees it).
+//!
+//! The list may name entries that are no longer dirty (cancelled, acknowledged, or written
+//! since, in which case their hash was pushed again if they changed again): each of its items
+//! means "a dirty entry with this hash may exist", and the flusher writes the dirty entries it
+//! finds, once each. Every dirty entry has an item: an entry's hash is pushed whenever it
+//! becomes dirty, and a new version of a dirty task (a replacement) stays dirty, under the
+//! same id and so the same hash.
 
 use std::hash::BuildHasher;
 use std::time::Instant;
 
-use hashbrown::hash_map::{Entry as MapEntry, RawEntryMut};
+use crate::redis::persist::index::{Entry, Ids, Index, TaskKey};
 
-use crate::redis::persist::index::{Ids, Index, TaskKey};
-
-/// A journaled change to one id, turned into a store [`Op`] by the flusher.
-#[derive(Clone, Copy)]
+/// One change a flush round takes from the journal, turned into a store
+/// [`Op`](super::rows::Op) by the flusher.
+#[derive(Clone)]
 pub(super) enum Change {
-    /// Write the task's envelope, as the index holds it when the flusher gets to this change:
-    /// the caller shares nothing with the journal but the id, and the due time the round is
-    /// sorted by. Encoded by the flusher, off the caller's path, and never if a later change
-    /// replaces it first. A failed write comes back as this too, and then writes the newest
-    /// version.
-    Upsert(u64),
-    /// Remove the task (cancelled, or fired and acknowledged). It carries the due time of the
-    /// version removed, as best known (0 when not), only to sort the round by.
-    Remove(u64),
+    /// Write the task whose id hashes to `hash`, as the index holds it when the flusher gets
+    /// to this change, if it is still dirty then (a task cancelled or written since is
+    /// skipped). Encoded by the flusher, off the caller's path. `due_at` is the due time of
+    /// the version journaled, only to sort the round by.
+    Upsert { hash: u64, due_at: u64 },
+    /// Remove task `id` (cancelled, or fired and acknowledged). `due_at` is the due time of
+    /// the version removed, as best known (0 when not), only to sort the round by.
+    Remove { id: TaskKey, due_at: u64 },
 }
 
 impl Change {
@@ -31,21 +42,35 @@ impl Change {
     /// and in order the walks share their cache lines. Removals first: they free memory, and
     /// a Redis at `maxmemory` (`noeviction`) refuses a batch with a ZADD or HSET in it whole
     /// but takes one of ZREM and HDEL only (see [`batch_ranges`]).
+    ///
+    /// [`batch_ranges`]: super::flusher
     pub(super) fn sort_key(&self) -> (bool, u64) {
         match self {
-            Change::Remove(due_at) => (false, *due_at),
-            Change::Upsert(due_at) => (true, *due_at),
+            Change::Remove { due_at, .. } => (false, *due_at),
+            Change::Upsert { due_at, .. } => (true, *due_at),
         }
     }
 
     pub(super) fn is_removal(&self) -> bool {
-        matches!(self, Change::Remove(_))
+        matches!(self, Change::Remove { .. })
     }
 }
 
+/// Stale items on the list of writes (beyond the dirty entries) past which a schedule rebuilds
+/// it from the index, on top of the index's size: the rebuild costs O(index), so it is paid
+/// for by at least as many pushes.
+pub(super) const COMPACT_SLACK: usize = 1024;
+
 #[derive(Default)]
 pub(super) struct Journal {
-    pub(super) ops: Ids<Change>,
+    /// Removals to write, by id (the key is the bare id: a removal does not keep its task's
+    /// envelope alive). No id here is in the index: a task scheduled again takes its removal
+    /// out (its write replaces it).
+    pub(super) removals: Ids<u64>,
+    /// The hashes (and due times) of index entries that may be dirty; see the module docs.
+    pub(super) upserts: Vec<(u64, u64)>,
+    /// Index entries marked dirty.
+    pub(super) dirty: usize,
     /// Completed flush rounds; `WriteThrough` waits for the round after its change.
     pub(super) flushed: u64,
     /// When the oldest unflushed change was made.
@@ -67,75 +92,225 @@ pub(super) struct Journal {
     /// The flusher has taken a round and not yet booked its end (failures journaled again):
     /// its removals may not have reached the store. `restore` waits for it before reading.
     pub(super) in_round: bool,
-    /// Changes the round in progress took out of `ops` and has not booked yet: they count
-    /// against `journal_bound` as much as those still in `ops` (a failed round puts them back).
+    /// Changes the round in progress took out of the journal and has not booked yet (its
+    /// removals, and the writes it has read from the index so far): they count against
+    /// `journal_bound` as much as those still journaled (a failed round puts them back).
     pub(super) taken: usize,
 }
 
 impl Journal {
+    /// A journal whose removals hash as the index does (one seed, so a call hashes its id
+    /// once).
+    pub(super) fn with_hasher(hasher: foldhash::fast::RandomState) -> Journal {
+        Journal {
+            removals: Ids::with_hasher(hasher),
+            ..Journal::default()
+        }
+    }
+
     /// Unflushed changes: journaled, or taken by the round in progress.
     pub(super) fn depth(&self) -> usize {
-        self.ops.len() + self.taken
+        self.removals.len() + self.dirty + self.taken
     }
 
-    /// Puts back what a failed snapshot took, unless a newer change to the id is journaled (it
-    /// wins). A task `index` holds under such an id is marked persisted: the store may still
-    /// hold a version the snapshot was to remove, and a newer change that wins over that
-    /// removal (a task scheduled again meanwhile) must not let a later cancel skip the store.
-    pub(super) fn put_back(&mut self, ops: Ids<Change>, index: &mut Index) {
-        for (id, change) in ops {
-            if let Some((_, entry)) = index.get_mut(id.id()) {
-                entry.persisted = true;
+    /// Nothing is journaled (a round in progress may still hold changes).
+    pub(super) fn is_empty(&self) -> bool {
+        self.removals.is_empty() && self.dirty == 0
+    }
+
+    /// Whether a change to `id` is journaled: its removal, or a write of the task held.
+    pub(super) fn has_change(&self, id: &str, index: &Index) -> bool {
+        self.removals.contains_key(id) || index.get(id).is_some_and(|(_, e)| e.dirty)
+    }
+
+    /// Takes out a removal of `id` (`hash`: its hash) that is journaled, for a new version of
+    /// the task: `true` if there was one (the store may then hold an older version).
+    #[inline]
+    pub(super) fn take_removal(&mut self, hash: u64, id: &str) -> bool {
+        if self.removals.is_empty() {
+            return false;
+        }
+        debug_assert_eq!(hash, self.removals.hasher().hash_one(id));
+        match self
+            .removals
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(hash, id)
+        {
+            hashbrown::hash_map::RawEntryMut::Occupied(slot) => {
+                slot.remove();
+                true
             }
-            if let MapEntry::Vacant(slot) = self.ops.entry(id) {
-                slot.insert(change);
-            }
+            hashbrown::hash_map::RawEntryMut::Vacant(_) => false,
         }
     }
 
-    /// Records `change` for `id`, replacing (and returning) any earlier unflushed change to
-    /// that id.
-    pub(super) fn record(&mut self, id: TaskKey, change: Change) -> Option<Change> {
-        let hash = self.ops.hasher().hash_one(id.id());
-        self.record_hashed(hash, id, change)
-    }
-
-    /// [`record`](Self::record), given the id's hash (the journal and the index hash alike).
-    pub(super) fn record_hashed(
+    /// A new version of a task (due at `due_at`, its id hashing to `hash`), marked dirty,
+    /// took the index's place of a version that was dirty (`replaced_dirty`) or not (or of
+    /// none). Rebuilds the list of writes from `index` if it holds too many stale items.
+    #[inline]
+    pub(super) fn scheduled(
         &mut self,
         hash: u64,
-        id: TaskKey,
-        change: Change,
-    ) -> Option<Change> {
+        due_at: u64,
+        replaced_dirty: bool,
+        index: &Index,
+    ) {
         self.changed();
-        debug_assert_eq!(hash, self.ops.hasher().hash_one(id.id()));
-        match self
-            .ops
-            .raw_entry_mut()
-            .from_key_hashed_nocheck(hash, id.id())
-        {
-            RawEntryMut::Occupied(mut slot) => Some(slot.insert(change)),
-            RawEntryMut::Vacant(slot) => {
-                slot.insert_hashed_nocheck(hash, id, change);
-                None
-            }
+        if replaced_dirty {
+            return; // the replaced version's item names this one too
+        }
+        self.dirty += 1;
+        self.upserts.push((hash, due_at));
+        // (Fewer items than dirty entries while a round holds some of theirs.)
+        if self.upserts.len().saturating_sub(self.dirty) > index.len() + COMPACT_SLACK {
+            self.compact(index);
         }
     }
 
-    /// Takes the journaled changes, leaving an empty map that hashes as this one did (as the
-    /// index does).
-    pub(super) fn take_ops(&mut self) -> Ids<Change> {
-        let empty = Ids::with_hasher(self.ops.hasher().clone());
-        std::mem::replace(&mut self.ops, empty)
+    /// Marks `entry` (of the task `key`, whose id hashes to `hash`) dirty: its current version
+    /// is to be written. A no-op if it already is.
+    pub(super) fn upsert(&mut self, hash: u64, key: &TaskKey, entry: &mut Entry) {
+        self.changed();
+        if !entry.dirty {
+            entry.dirty = true;
+            self.dirty += 1;
+            self.upserts.push((hash, key.envelope().due_at));
+        }
     }
 
-    /// Keys the change journaled for `key`'s id by `key` (a task's new version), so that it no
-    /// longer keeps the version it was first journaled with alive (payloads can be 64 KiB).
-    /// Only on a replacement: `record` keeps a key it finds, and re-keying every call would
-    /// cost the hot path a probe.
-    pub(super) fn rekey(&mut self, key: TaskKey) {
-        if let Some((_, change)) = self.ops.remove_entry(key.id()) {
-            self.ops.insert(key, change);
+    /// A task whose `entry` is `entry` left the index (cancelled or acknowledged): if it was
+    /// dirty, its write is no longer to be made (its item on the list goes stale).
+    #[inline]
+    pub(super) fn forget(&mut self, entry: &Entry) {
+        if entry.dirty {
+            debug_assert!(self.dirty > 0);
+            self.dirty -= 1;
+        }
+    }
+
+    /// Rebuilds the list of writes from the dirty entries of `index`, dropping stale items.
+    fn compact(&mut self, index: &Index) {
+        self.upserts.clear();
+        self.upserts.extend(
+            index
+                .iter()
+                .filter(|(_, e)| e.dirty)
+                .map(|(k, _)| (index.hash(k.id()), k.envelope().due_at)),
+        );
+        debug_assert_eq!(self.upserts.len(), self.dirty);
+    }
+
+    /// Takes every journaled change for a round, in O(1): the writes are read from the index
+    /// later, a stretch at a time. (No round is in progress: every dirty entry of `index` has
+    /// its item on the list, which debug builds check.)
+    pub(super) fn take_all(&mut self, index: &Index) -> Vec<Change> {
+        #[cfg(debug_assertions)]
+        {
+            let items: std::collections::HashSet<u64> =
+                self.upserts.iter().map(|(hash, _)| *hash).collect();
+            let dirty = index.iter().filter(|(_, e)| e.dirty);
+            let mut count = 0;
+            for (key, _) in dirty {
+                count += 1;
+                assert!(
+                    items.contains(&index.hash(key.id())),
+                    "dirty task {} has no item on the journal's list: its write would be lost",
+                    key.id()
+                );
+            }
+            assert_eq!(
+                count, self.dirty,
+                "the journal's count of dirty entries is off"
+            );
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = index;
+        let removals = self.take_removals();
+        let upserts = std::mem::take(&mut self.upserts);
+        removals
+            .into_iter()
+            .map(|(id, due_at)| Change::Remove { id, due_at })
+            .chain(
+                upserts
+                    .into_iter()
+                    .map(|(hash, due_at)| Change::Upsert { hash, due_at }),
+            )
+            .collect()
+    }
+
+    /// Takes the journaled removals (counted as taken), leaving an empty map that hashes as
+    /// this one did.
+    pub(super) fn take_removals(&mut self) -> Ids<u64> {
+        let empty = Ids::with_hasher(self.removals.hasher().clone());
+        let removals = std::mem::replace(&mut self.removals, empty);
+        self.taken += removals.len();
+        removals
+    }
+
+    /// Takes one batch for a probe of a store that is down: removals if any are journaled (a
+    /// Redis at `maxmemory` refuses every batch with a write in it, and takes removals, which
+    /// free its memory), else up to `batch` writes.
+    pub(super) fn take_batch(&mut self, batch: usize) -> Vec<Change> {
+        if !self.removals.is_empty() {
+            let ids: Vec<TaskKey> = self.removals.keys().take(batch).cloned().collect();
+            self.taken += ids.len();
+            return ids
+                .into_iter()
+                .filter_map(|id| {
+                    let due_at = self.removals.remove(id.id())?;
+                    Some(Change::Remove { id, due_at })
+                })
+                .collect();
+        }
+        let keep = self.upserts.len().saturating_sub(batch);
+        self.upserts
+            .drain(keep..)
+            .map(|(hash, due_at)| Change::Upsert { hash, due_at })
+            .collect()
+    }
+
+    /// Reads the write `hash` names from `index` for the round in progress: the dirty entry
+    /// with that hash, if one is left, marked clean (its current version is on its way) and
+    /// persisted (the store may hold it from now on). Counted as taken.
+    pub(super) fn read_write<'a>(
+        &mut self,
+        hash: u64,
+        index: &'a mut Index,
+    ) -> Option<(&'a TaskKey, &'a mut Entry)> {
+        let (key, entry) = index.dirty(hash)?;
+        entry.dirty = false;
+        entry.persisted = true;
+        self.dirty -= 1;
+        self.taken += 1;
+        Some((key, entry))
+    }
+
+    /// Puts back what a snapshot round took and failed to write: each removal unless a newer
+    /// change to the id is journaled (it wins), and each write (`hashes`) by marking the
+    /// entries of those hashes dirty again. A task `index` holds under such an id is marked
+    /// persisted: the store may still hold a version the snapshot was to remove, and a newer
+    /// change that wins over that removal (a task scheduled again meanwhile) must not let a
+    /// later cancel skip the store.
+    pub(super) fn put_back(&mut self, removals: Ids<u64>, hashes: Vec<u64>, index: &mut Index) {
+        for (id, due_at) in removals {
+            if let Some((_, entry)) = index.get_mut(id.id()) {
+                entry.persisted = true;
+                if entry.dirty {
+                    continue;
+                }
+            }
+            self.removals.entry(id).or_insert(due_at);
+        }
+        for hash in hashes {
+            for (key, entry) in index.with_hash(hash) {
+                entry.persisted = true;
+                self.changed();
+                if !entry.dirty {
+                    entry.dirty = true;
+                    self.dirty += 1;
+                    self.upserts.push((hash, key.envelope().due_at));
+                }
+            }
         }
     }
 
@@ -146,33 +321,17 @@ impl Journal {
         }
     }
 
-    /// Records the removal of `id`'s task. A task Redis never heard of (not `persisted`, its
-    /// upsert still here) just loses that upsert: scheduled and cancelled within one flush
-    /// window, it costs no Redis command at all. (Before a restore has completed the caller
-    /// passes `persisted`: Redis may hold an older version of the id.)
-    /// `hash` is the id's hash (the journal and the index hash alike).
-    pub(super) fn remove(&mut self, hash: u64, id: TaskKey, persisted: bool, due_at: u64) {
-        debug_assert_eq!(hash, self.ops.hasher().hash_one(id.id()));
-        match self
-            .ops
-            .raw_entry_mut()
-            .from_key_hashed_nocheck(hash, id.id())
-        {
-            RawEntryMut::Occupied(slot)
-                if !persisted && matches!(slot.get(), Change::Upsert(_)) =>
-            {
-                slot.remove();
-            }
-            _ => self.record_removal(id.id(), due_at),
-        }
-    }
-
     /// Records the removal of `id`'s task (due at `due_at`, as best known: only the round's
-    /// order depends on it), replacing any earlier change to it, under the id alone
-    /// ([`TaskKey::bare`]): a removal must not keep the task's envelope (a payload can be
-    /// 64 KiB) alive until it is flushed, which can be long while Redis is down.
+    /// order depends on it), under the id alone ([`TaskKey::bare`]): a removal must not keep
+    /// the task's envelope (a payload can be 64 KiB) alive until it is flushed, which can be
+    /// long while Redis is down. The task is no longer in the index.
     pub(super) fn record_removal(&mut self, id: &str, due_at: u64) {
-        self.ops.remove(id);
-        self.record(TaskKey::bare(id), Change::Remove(due_at));
+        self.changed();
+        match self.removals.get_mut(id) {
+            Some(due) => *due = due_at,
+            None => {
+                self.removals.insert(TaskKey::bare(id), due_at);
+            }
+        }
     }
 }

@@ -14,7 +14,6 @@ use crate::redis::store_error::StoreError;
 use super::config::*;
 use super::engine::{runtime_stopped, Persistent};
 use super::index::{Entry, Ids, TaskKey};
-use super::journal::Change;
 use super::lease::ask_lease;
 use super::state::{Inner, State};
 
@@ -153,9 +152,10 @@ impl<S: TaskStore> Persistent<S> {
                     let mut state = self.inner.state.lock();
                     let State { index, journal, .. } = &mut *state;
                     for b in &page.broken {
-                        if let Some((key, entry)) = index.get_mut(b.id.as_str()) {
+                        let hash = index.hash(&b.id);
+                        if let Some((key, entry)) = index.get_hashed_mut(hash, &b.id) {
                             entry.persisted = true;
-                            journal.record(key.clone(), Change::Upsert(key.envelope().due_at));
+                            journal.upsert(hash, key, entry);
                         }
                     }
                 }
@@ -175,7 +175,7 @@ impl<S: TaskStore> Persistent<S> {
                     continue;
                 }
                 if state.left(&envelope.id) {
-                    if !state.journal.ops.contains_key(envelope.id.as_str()) {
+                    if !state.journal.removals.contains_key(envelope.id.as_str()) {
                         // Cancelled or acknowledged since the restore began, before its row
                         // was read: no removal of this row is on its way (a task scheduled
                         // and cancelled meanwhile costs none), so the row would outlive it.
@@ -205,6 +205,7 @@ impl<S: TaskStore> Persistent<S> {
                     Entry {
                         timer: Some(timer),
                         persisted: true,
+                        dirty: false,
                     },
                 );
                 report.loaded += 1;

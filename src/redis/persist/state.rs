@@ -2,6 +2,7 @@
 //! and the journal, under one mutex) and [`Inner`] (the settings, the signals between them,
 //! and the writer lease as this engine knows it).
 
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use crate::redis::wall_clock::{micros_since, Anchor};
 
 use super::config::*;
 use super::index::{Ids, Index, TaskKey};
-use super::journal::{Change, Journal};
+use super::journal::Journal;
 
 /// Everything the callers and the flusher share, under `Inner::state`.
 pub(super) struct State {
@@ -56,7 +57,7 @@ impl State {
     /// Whether `id` changed since (its change still in the journal), or was cancelled or
     /// acknowledged while a restore ran: the store's row of it is not to be loaded.
     pub(super) fn left(&self, id: &str) -> bool {
-        self.journal.ops.contains_key(id) || self.gone.contains_key(id)
+        self.journal.has_change(id, &self.index) || self.gone.contains_key(id)
     }
 }
 
@@ -153,7 +154,8 @@ impl Inner {
         } else {
             for (key, entry) in index.iter_mut() {
                 entry.persisted = true;
-                journal.record(key.clone(), Change::Upsert(key.envelope().due_at));
+                let hash = journal.removals.hasher().hash_one(key.id());
+                journal.upsert(hash, key, entry);
             }
         }
         self.kick(journal);
