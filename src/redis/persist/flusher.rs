@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::redis::envelope::Envelope;
 use crate::redis::persist::index::{Ids, TaskKey};
-use crate::redis::persist::journal::Change;
+use crate::redis::persist::journal::{Change, Taken};
 use crate::redis::persist::rows::Op;
 use crate::redis::persist::state::{Inner, State};
 use crate::redis::persist::task_store::{guarded, TaskStore};
@@ -99,7 +99,7 @@ enum Round {
     /// The journaled changes, when the oldest of them was made, and whether they are the
     /// whole journal (not a probe): only a whole round counts as flushed, since `flush` and
     /// WriteThrough take two flushed rounds to mean "everything before the call is written".
-    Journal(Vec<Change>, Option<Instant>, bool),
+    Journal(Taken, Option<Instant>, bool),
     /// The whole pending set (a snapshot), which subsumes the journal: the removals and the
     /// hashes of the writes it took, put back if the snapshot fails, when the oldest of them
     /// was made, and the snapshot round's number.
@@ -166,10 +166,8 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
     if *restoring > 0 {
         // The removals this round takes leave the journal before they reach the store: a
         // restore running now may read their rows meanwhile, and must not load them.
-        for change in &ops {
-            if let Change::Remove { id, .. } = change {
-                gone.insert(id.clone(), ());
-            }
+        for id in ops.removals.keys() {
+            gone.insert(id.clone(), ());
         }
     }
     journal.in_round = true;
@@ -350,11 +348,14 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         let hold_snapshot = std::mem::take(&mut snapshot_failed)
             || snapshot_not_before.is_some_and(|t| Instant::now() < t);
         let round = take_round(inner, probe, hold_snapshot);
+        // The buffers of the journal a round took, given back at its end.
+        let mut spare = None;
         let mut snapshot_round = None;
         let (result, written) = match round {
-            Round::Journal(changes, oldest, all) => {
+            Round::Journal(mut taken, oldest, all) => {
                 whole = all;
-                let changes = in_round_order(changes);
+                let changes = in_round_order(taken.changes());
+                spare = Some(taken);
                 // Read from the index and encoded batch by batch, while the batches before
                 // are in flight.
                 let ranges = batch_ranges(&changes, inner.cfg.batch);
@@ -471,6 +472,9 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
             let journal = &mut state.journal;
             journal.in_round = false;
             journal.taken = 0;
+            if let Some(buffer) = spare.take() {
+                journal.recycle(buffer);
+            }
             match result {
                 Ok(()) => {
                     if whole {
@@ -547,7 +551,8 @@ mod tests {
                 journal.record_removal(&format!("t{i}"), *due);
             }
         }
-        let round = in_round_order(journal.take_all(&Index::with_hasher(Default::default())));
+        let mut taken = journal.take_all(&Index::with_hasher(Default::default()));
+        let round = in_round_order(taken.changes());
         let order: Vec<(bool, u64)> = round.iter().map(Change::sort_key).collect();
         // (false: a removal.)
         assert_eq!(

@@ -56,10 +56,40 @@ impl Change {
     }
 }
 
+/// What a flush round took from the journal: removals by id, and the list's items of writes
+/// (hash, due time), still to be read from the index.
+pub(super) struct Taken {
+    pub(super) removals: Ids<u64>,
+    pub(super) upserts: Vec<(u64, u64)>,
+}
+
+impl Taken {
+    /// The round's changes, built with no lock held (a round can take a million). The
+    /// buffers are left, empty, for [`Journal::recycle`].
+    pub(super) fn changes(&mut self) -> Vec<Change> {
+        let mut changes = Vec::with_capacity(self.removals.len() + self.upserts.len());
+        changes.extend(
+            self.removals
+                .drain()
+                .map(|(id, due_at)| Change::Remove { id, due_at }),
+        );
+        changes.extend(
+            self.upserts
+                .drain(..)
+                .map(|(hash, due_at)| Change::Upsert { hash, due_at }),
+        );
+        changes
+    }
+}
+
 /// Stale items on the list of writes (beyond the dirty entries) past which a schedule rebuilds
 /// it from the index, on top of the index's size: the rebuild costs O(index), so it is paid
 /// for by at least as many pushes.
 pub(super) const COMPACT_SLACK: usize = 1024;
+
+/// The largest buffer (in items) a round gives back to the journal: a larger one (a burst, or
+/// a journal built while the store was down) is freed, not kept for good.
+const RECYCLE_MAX: usize = 1 << 16;
 
 #[derive(Default)]
 pub(super) struct Journal {
@@ -200,10 +230,11 @@ impl Journal {
         debug_assert_eq!(self.upserts.len(), self.dirty);
     }
 
-    /// Takes every journaled change for a round, in O(1): the writes are read from the index
-    /// later, a stretch at a time. (No round is in progress: every dirty entry of `index` has
-    /// its item on the list, which debug builds check.)
-    pub(super) fn take_all(&mut self, index: &Index) -> Vec<Change> {
+    /// Takes every journaled change for a round, in O(1) (under the lock callers wait for):
+    /// the writes are read from the index later, a stretch at a time. (No round is in
+    /// progress: every dirty entry of `index` has its item on the list, which debug builds
+    /// check.)
+    pub(super) fn take_all(&mut self, index: &Index) -> Taken {
         #[cfg(debug_assertions)]
         {
             let items: std::collections::HashSet<u64> =
@@ -225,17 +256,31 @@ impl Journal {
         }
         #[cfg(not(debug_assertions))]
         let _ = index;
-        let removals = self.take_removals();
-        let upserts = std::mem::take(&mut self.upserts);
-        removals
-            .into_iter()
-            .map(|(id, due_at)| Change::Remove { id, due_at })
-            .chain(
-                upserts
-                    .into_iter()
-                    .map(|(hash, due_at)| Change::Upsert { hash, due_at }),
-            )
-            .collect()
+        Taken {
+            removals: self.take_removals(),
+            upserts: std::mem::take(&mut self.upserts),
+        }
+    }
+
+    /// Takes back the buffers a round took (emptied by [`Taken::changes`]) where the
+    /// journal's are smaller: callers then write into memory that is already theirs. (Freeing
+    /// them on the flusher's thread, while callers allocate on theirs, cost schedule + cancel
+    /// a tenth of its time: glibc's allocator serializes the two threads on the arena.)
+    pub(super) fn recycle(&mut self, taken: Taken) {
+        let Taken {
+            mut removals,
+            mut upserts,
+        } = taken;
+        if self.upserts.capacity() < upserts.capacity() && upserts.capacity() <= RECYCLE_MAX {
+            upserts.clear();
+            upserts.append(&mut self.upserts);
+            self.upserts = upserts;
+        }
+        if self.removals.capacity() < removals.capacity() && removals.capacity() <= RECYCLE_MAX {
+            removals.clear();
+            removals.extend(self.removals.drain());
+            self.removals = removals;
+        }
     }
 
     /// Takes the journaled removals (counted as taken), leaving an empty map that hashes as
@@ -250,23 +295,26 @@ impl Journal {
     /// Takes one batch for a probe of a store that is down: removals if any are journaled (a
     /// Redis at `maxmemory` refuses every batch with a write in it, and takes removals, which
     /// free its memory), else up to `batch` writes.
-    pub(super) fn take_batch(&mut self, batch: usize) -> Vec<Change> {
+    pub(super) fn take_batch(&mut self, batch: usize) -> Taken {
+        let mut removals = Ids::with_hasher(self.removals.hasher().clone());
         if !self.removals.is_empty() {
             let ids: Vec<TaskKey> = self.removals.keys().take(batch).cloned().collect();
-            self.taken += ids.len();
-            return ids
-                .into_iter()
-                .filter_map(|id| {
-                    let due_at = self.removals.remove(id.id())?;
-                    Some(Change::Remove { id, due_at })
-                })
-                .collect();
+            for id in ids {
+                if let Some(due_at) = self.removals.remove(id.id()) {
+                    removals.insert(id, due_at);
+                }
+            }
+            self.taken += removals.len();
+            return Taken {
+                removals,
+                upserts: Vec::new(),
+            };
         }
         let keep = self.upserts.len().saturating_sub(batch);
-        self.upserts
-            .drain(keep..)
-            .map(|(hash, due_at)| Change::Upsert { hash, due_at })
-            .collect()
+        Taken {
+            removals,
+            upserts: self.upserts.split_off(keep),
+        }
     }
 
     /// Reads the write `hash` names from `index` for the round in progress: the dirty entry
