@@ -864,26 +864,7 @@ mod tests {
     use super::*;
     use crate::redis::{now_ms, Broken, Op, Rows, StoreError};
 
-    /// A store that takes every write.
-    #[derive(Clone)]
-    struct Accept;
-
-    impl TaskStore for Accept {
-        async fn apply(&self, _: &[Op]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        async fn rows(&self, _: crate::redis::Cursor, _: usize) -> Result<Rows, StoreError> {
-            Ok(Rows::default())
-        }
-        async fn dead_letter(&self, _: &[Broken], _: u64) -> Result<(), StoreError> {
-            Ok(())
-        }
-        async fn replace_all(&self, _: &[Op]) -> Result<(), StoreError> {
-            Ok(())
-        }
-    }
-
-    /// A store that takes every write and keeps the operations it was sent.
+    /// A store that takes every write, and keeps the operations it was sent.
     #[derive(Clone, Default)]
     struct Recording(Arc<Mutex<Vec<Op>>>);
 
@@ -953,10 +934,10 @@ mod tests {
 
     /// An engine whose flusher writes only when asked (`flush`), holding task "a" with a 1 KB
     /// payload, due at the returned time, not yet flushed.
-    fn with_a_large_task() -> (Persistent<Accept>, Receiver<Envelope>, u64) {
+    fn with_a_large_task() -> (Persistent<Recording>, Receiver<Envelope>, u64) {
         let mut cfg = PersistConfig::new("unused://", "unused");
         cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
-        let (p, fired) = Persistent::with_store(cfg, Accept).unwrap();
+        let (p, fired) = Persistent::with_store(cfg, Recording::default()).unwrap();
         let far = now_ms() + 3_600_000;
         p.schedule_at_ms("a", "t", serde_json::json!("x".repeat(1_000)), far)
             .unwrap();
@@ -989,10 +970,13 @@ mod tests {
     /// holding its old envelope (payloads can be 64 KiB), and the key names the current one.
     #[test]
     fn a_replaced_task_keeps_no_reference_to_its_old_envelope() {
-        let (p, _fired) =
-            Persistent::with_store(PersistConfig::new("unused://", "unused"), Accept).unwrap();
+        let (p, _fired) = Persistent::with_store(
+            PersistConfig::new("unused://", "unused"),
+            Recording::default(),
+        )
+        .unwrap();
         let far = now_ms() + 3_600_000;
-        let key_of = |p: &Persistent<Accept>| {
+        let key_of = |p: &Persistent<Recording>| {
             let state = p.inner.state.lock();
             let (key, _) = state.index.get("a").unwrap();
             assert_eq!(state.index.len(), 1);
