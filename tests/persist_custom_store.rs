@@ -28,6 +28,9 @@ struct MemStore {
     rows_panic: Arc<AtomicBool>,
     /// `apply` waits while it is set (a slow store), counting the calls that wait.
     paused: Arc<AtomicBool>,
+    /// A batch of removals lands 100 ms after it is sent (after any pause): later than the
+    /// writes sent after it.
+    removals_late: Arc<AtomicBool>,
     waiting: Arc<AtomicUsize>,
     /// Pages after the first are read, then held back while it is set (counted), and each
     /// repeats the first stored row, as a scan may.
@@ -108,6 +111,9 @@ impl TaskStore for MemStore {
                 while this.paused.load(SeqCst) && start.elapsed() < HELD_AT_MOST {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
+            }
+            if this.removals_late.load(SeqCst) && ops.iter().any(|op| matches!(op, Op::Remove(_))) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             let nth = this.fail_nth.load(SeqCst);
             if nth > 0 {
@@ -1286,6 +1292,85 @@ fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
     p.shutdown();
 }
 
+/// A probe skips the journal's items of tasks scheduled and cancelled since (stale): a probe
+/// of such items only would write nothing, pass for the store being back, and the next round
+/// would send the whole journal to a store that is down.
+#[test]
+fn a_probe_skips_the_items_of_tasks_cancelled_meanwhile() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.batch = 10;
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    p.restore(100).unwrap();
+    let far = now_ms() + 3_600_000;
+    store.down.store(true, SeqCst);
+    for i in 0..100 {
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    assert!(!p.flush(Duration::from_millis(50)), "the store is down");
+    wait_until("the first round's writes to fail", || {
+        let applies = store.applies.load(SeqCst);
+        applies > 0 && store.calls.load(SeqCst) >= applies
+    });
+    // Scheduled and cancelled, never written: their items go stale at the list's end, where a
+    // probe takes its batch.
+    for i in 0..50 {
+        p.schedule_at_ms(format!("c{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+        assert!(p.cancel(&format!("c{i}")));
+    }
+    assert_eq!(p.journal_depth(), 100);
+    store.paused.store(true, SeqCst);
+    let before = store.waiting.load(SeqCst);
+    assert!(!p.flush(Duration::from_millis(20)));
+    wait_until("the probe's write", || store.waiting.load(SeqCst) > before);
+    std::thread::sleep(Duration::from_millis(200)); // time for any other batch to be sent
+    assert_eq!(
+        store.waiting.load(SeqCst) - before,
+        1,
+        "a round sent more than one batch to a store that is down"
+    );
+    store.paused.store(false, SeqCst);
+    store.down.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids().len(), 100);
+    p.shutdown();
+}
+
+/// The writes a snapshot round took count against the journal's bound until it lands, as a
+/// journal round's do: producers cannot go past the bound by as many while it is out.
+#[test]
+fn the_journal_bound_counts_what_a_snapshot_in_progress_took() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    p.restore(100).unwrap(); // snapshots need a completed restore
+    let far = now_ms() + 3_600_000;
+    for i in 0..10 {
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    store.snapshot_paused.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let snapshot = s.spawn(|| p.snapshot(PATIENCE));
+        wait_until("the snapshot to be out", || {
+            store.snapshot_waiting.load(SeqCst) > 0
+        });
+        assert_eq!(
+            p.journal_depth(),
+            10,
+            "the snapshot's ten writes are not counted"
+        );
+        store.snapshot_paused.store(false, SeqCst);
+        assert_eq!(snapshot.join().unwrap(), Some(10));
+    });
+    assert_eq!(p.journal_depth(), 0);
+    p.shutdown();
+}
+
 /// A probe round (one batch, while the store was down) does not count as a flushed round: a
 /// probe that succeeds, a full round that fails, and another probe that succeeds must not
 /// make `flush` report the journal written (it counted two rounds, most of it unwritten).
@@ -1765,6 +1850,60 @@ fn changes_while_a_round_is_half_read_end_as_the_pending_set() {
     let q = engine(&store);
     assert_eq!(q.restore(100).unwrap().loaded, model.len());
     q.shutdown();
+}
+
+/// A task cancelled after it was written (its removal journaled), then scheduled again while
+/// the round that took that removal is out: the round must not also write the new version,
+/// whose write may land before the removal (batches of one round land in any order) and then
+/// be deleted by it. The new version is the next round's, after the removal.
+#[test]
+fn a_task_scheduled_again_while_its_removal_is_out_keeps_its_row() {
+    let store = MemStore::default();
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
+    cfg.batch = 1; // one change per batch: four removals fill the batches in flight
+    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    p.restore(100).unwrap();
+    let far = now_ms() + 3_600_000;
+    // Four written tasks due first, then "x": its removal sorts last among the removals.
+    for i in 0..4 {
+        p.schedule_at_ms(format!("r{i}"), "t", serde_json::json!(0), far + i)
+            .unwrap();
+    }
+    p.schedule_at_ms("x", "t", serde_json::json!(1), far + 100)
+        .unwrap();
+    assert!(p.flush(PATIENCE));
+    // x written again (its write journaled), then cancelled: the write's item goes stale and
+    // the removal is journaled, with the four others'.
+    p.schedule_at_ms("x", "t", serde_json::json!(2), far + 100)
+        .unwrap();
+    for i in 0..4 {
+        assert!(p.cancel(&format!("r{i}")));
+    }
+    assert!(p.cancel("x"));
+    store.paused.store(true, SeqCst);
+    store.removals_late.store(true, SeqCst);
+    std::thread::scope(|s| {
+        let round = s.spawn(|| p.flush(PATIENCE));
+        wait_until("four removals out", || store.waiting.load(SeqCst) >= 4);
+        // x's removal waits for a slot; its stale item is still to be read by this round.
+        p.schedule_at_ms("x", "t", serde_json::json!(3), far + 100)
+            .unwrap();
+        store.paused.store(false, SeqCst);
+        assert!(round.join().unwrap(), "the round did not end");
+    });
+    assert!(p.flush(PATIENCE));
+    let stored: BTreeMap<String, u64> = store
+        .table
+        .lock()
+        .iter()
+        .map(|(id, (_, bytes))| {
+            let e: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+            (id.clone(), e["payload"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(stored, BTreeMap::from([("x".to_string(), 3)]));
+    p.shutdown();
 }
 
 /// An operation of the model test below.

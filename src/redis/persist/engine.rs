@@ -346,6 +346,7 @@ impl<S: TaskStore> Persistent<S> {
             timer: Some(timer),
             persisted: journal.take_removal(hash, &envelope.id),
             dirty: true,
+            since: journal.round(),
         };
         // The old key is the old envelope: dropped here, so that nothing keeps the old
         // payload alive as long as the task.

@@ -142,9 +142,7 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
             })
             .collect();
         journal.in_round = true;
-        journal.dirty = 0;
-        let hashes = journal.upserts.drain(..).map(|(hash, _)| hash).collect();
-        let removals = journal.take_removals();
+        let (removals, hashes) = journal.take_for_snapshot();
         return Round::Snapshot(
             all,
             removals,
@@ -158,7 +156,7 @@ fn take_round(inner: &Inner, down: bool, hold_snapshot: bool) -> Round {
         // Removals if there are any: a Redis at `maxmemory` refuses every batch with a write
         // in it, and takes removals, which free its memory (writes alone would be refused for
         // as long as it stays full).
-        (journal.take_batch(inner.cfg.batch), None, false)
+        (journal.take_batch(inner.cfg.batch, index), None, false)
     } else {
         // Taken whole, in O(1): the index is read later, a stretch at a time (`resolve`).
         (journal.take_all(index), journal.oldest.take(), true)
@@ -412,14 +410,14 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
                         let hash = index.hash(id);
                         if let Some((key, entry)) = index.get_hashed_mut(hash, id) {
                             entry.persisted = true;
-                            if entry.dirty {
-                                continue; // a newer version is to be written: it wins
-                            }
-                            if upsert {
-                                // Tried again, as the task's current version.
+                            // A task held is written (again) as its current version, whatever
+                            // the op was: never removed. (A round holds no removal of an id it
+                            // writes or that was held when it took the journal.)
+                            debug_assert!(upsert || entry.dirty, "a held task's removal failed");
+                            if !entry.dirty {
                                 journal.upsert(hash, key, entry);
-                                continue;
                             }
+                            continue;
                         }
                         // A removal tried again (also of a write whose task is gone since),
                         // unless a newer one is journaled.

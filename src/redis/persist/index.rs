@@ -87,7 +87,8 @@ impl Index {
 
     /// Holds `entry` under `key` (`hash` is its id's hash), returning the key and entry it
     /// replaces (the id's previous version), if any. A replacement is `persisted` if the
-    /// version it replaces was: the store may hold that one.
+    /// version it replaces was: the store may hold that one. A dirty replacement of a dirty
+    /// version keeps its `since`: the item that names it is the replaced version's.
     #[inline]
     pub(super) fn insert_hashed(
         &mut self,
@@ -103,9 +104,12 @@ impl Index {
             |(k, _)| hasher.hash_one(k.id()),
         ) {
             Slot::Occupied(mut slot) => {
-                let persisted = slot.get().1.persisted;
                 let old = std::mem::replace(slot.get_mut(), (key, entry));
-                slot.get_mut().1.persisted |= persisted;
+                let new = &mut slot.get_mut().1;
+                new.persisted |= old.1.persisted;
+                if new.dirty && old.1.dirty {
+                    new.since = old.1.since;
+                }
                 Some(old)
             }
             Slot::Vacant(slot) => {
@@ -137,11 +141,14 @@ impl Index {
             .map(|(k, e)| (&*k, e))
     }
 
-    /// A dirty entry whose id hashes to `hash`, if there is one (see the journal).
-    pub(super) fn dirty(&mut self, hash: u64) -> Option<(&TaskKey, &mut Entry)> {
+    /// An entry whose id hashes to `hash` that became dirty before round `round` took the
+    /// journal, if there is one (see the journal).
+    pub(super) fn dirty(&mut self, hash: u64, round: u32) -> Option<(&TaskKey, &mut Entry)> {
         let hasher = &self.hasher;
         self.table
-            .find_mut(hash, |(k, e)| e.dirty && hasher.hash_one(k.id()) == hash)
+            .find_mut(hash, |(k, e)| {
+                e.dirty && e.since != round && hasher.hash_one(k.id()) == hash
+            })
             .map(|(k, e)| (&*k, e))
     }
 
@@ -178,6 +185,10 @@ pub(super) struct Entry {
     /// Its current version is still to be written (no round has read it yet): see the
     /// journal.
     pub(super) dirty: bool,
+    /// The journal's round count when it became dirty: the round taken then (and running)
+    /// does not read it, since the items that round took may not name it. Meaningless while
+    /// not dirty.
+    pub(super) since: u32,
 }
 
 /// A task id as a map key: the task's envelope, shared. The key and the envelope are one

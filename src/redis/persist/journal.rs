@@ -101,6 +101,13 @@ pub(super) struct Journal {
     pub(super) upserts: Vec<(u64, u64)>,
     /// Index entries marked dirty.
     pub(super) dirty: usize,
+    /// Rounds taken (wrapping; only compared for equality): the round in progress, or the
+    /// last one. An entry that became dirty since the round in progress took the journal is
+    /// left to the next one (see `Entry::since`), so that a round never writes an id twice
+    /// (two items of one id: the entry read, then written again, then read again by the
+    /// other item) nor writes an id it also removes (a task cancelled, its removal taken,
+    /// then scheduled again): the batches of one round may land in any order.
+    round: u32,
     /// Completed flush rounds; `WriteThrough` waits for the round after its change.
     pub(super) flushed: u64,
     /// When the oldest unflushed change was made.
@@ -177,6 +184,12 @@ impl Journal {
     /// A new version of a task (due at `due_at`, its id hashing to `hash`), marked dirty,
     /// took the index's place of a version that was dirty (`replaced_dirty`) or not (or of
     /// none). Rebuilds the list of writes from `index` if it holds too many stale items.
+    /// The `since` of an entry that becomes dirty now.
+    #[inline]
+    pub(super) fn round(&self) -> u32 {
+        self.round
+    }
+
     #[inline]
     pub(super) fn scheduled(
         &mut self,
@@ -203,6 +216,7 @@ impl Journal {
         self.changed();
         if !entry.dirty {
             entry.dirty = true;
+            entry.since = self.round;
             self.dirty += 1;
             self.upserts.push((hash, key.envelope().due_at));
         }
@@ -256,6 +270,7 @@ impl Journal {
         }
         #[cfg(not(debug_assertions))]
         let _ = index;
+        self.round = self.round.wrapping_add(1);
         Taken {
             removals: self.take_removals(),
             upserts: std::mem::take(&mut self.upserts),
@@ -292,10 +307,22 @@ impl Journal {
         removals
     }
 
+    /// Takes the journal for a snapshot round: its removals and the hashes of its writes (for
+    /// [`put_back`](Self::put_back) if the snapshot fails), counted as taken. The caller marks
+    /// every entry clean: the snapshot writes each one's current version.
+    pub(super) fn take_for_snapshot(&mut self) -> (Ids<u64>, Vec<u64>) {
+        self.round = self.round.wrapping_add(1);
+        self.taken += self.dirty;
+        self.dirty = 0;
+        let hashes = self.upserts.drain(..).map(|(hash, _)| hash).collect();
+        (self.take_removals(), hashes)
+    }
+
     /// Takes one batch for a probe of a store that is down: removals if any are journaled (a
     /// Redis at `maxmemory` refuses every batch with a write in it, and takes removals, which
     /// free its memory), else up to `batch` writes.
-    pub(super) fn take_batch(&mut self, batch: usize) -> Taken {
+    pub(super) fn take_batch(&mut self, batch: usize, index: &mut Index) -> Taken {
+        self.round = self.round.wrapping_add(1);
         let mut removals = Ids::with_hasher(self.removals.hasher().clone());
         if !self.removals.is_empty() {
             let ids: Vec<TaskKey> = self.removals.keys().take(batch).cloned().collect();
@@ -310,11 +337,18 @@ impl Journal {
                 upserts: Vec::new(),
             };
         }
-        let keep = self.upserts.len().saturating_sub(batch);
-        Taken {
-            removals,
-            upserts: self.upserts.split_off(keep),
+        // Items whose entry is no longer dirty are dropped here, not sent: a probe of stale
+        // items only would write nothing, and pass for the store being back.
+        let mut upserts = Vec::with_capacity(batch.min(self.upserts.len()));
+        while upserts.len() < batch {
+            let Some((hash, due_at)) = self.upserts.pop() else {
+                break;
+            };
+            if index.dirty(hash, self.round).is_some() {
+                upserts.push((hash, due_at));
+            }
         }
+        Taken { removals, upserts }
     }
 
     /// Reads the write `hash` names from `index` for the round in progress: the dirty entry
@@ -325,7 +359,7 @@ impl Journal {
         hash: u64,
         index: &'a mut Index,
     ) -> Option<(&'a TaskKey, &'a mut Entry)> {
-        let (key, entry) = index.dirty(hash)?;
+        let (key, entry) = index.dirty(hash, self.round)?;
         entry.dirty = false;
         entry.persisted = true;
         self.dirty -= 1;
@@ -341,11 +375,12 @@ impl Journal {
     /// later cancel skip the store.
     pub(super) fn put_back(&mut self, removals: Ids<u64>, hashes: Vec<u64>, index: &mut Index) {
         for (id, due_at) in removals {
-            if let Some((_, entry)) = index.get_mut(id.id()) {
+            let hash = index.hash(id.id());
+            if let Some((key, entry)) = index.get_hashed_mut(hash, id.id()) {
+                // Scheduled again since: written as its current version, never removed.
                 entry.persisted = true;
-                if entry.dirty {
-                    continue;
-                }
+                self.upsert(hash, key, entry);
+                continue;
             }
             self.removals.entry(id).or_insert(due_at);
         }
@@ -355,6 +390,7 @@ impl Journal {
                 self.changed();
                 if !entry.dirty {
                     entry.dirty = true;
+                    entry.since = self.round;
                     self.dirty += 1;
                     self.upserts.push((hash, key.envelope().due_at));
                 }
@@ -381,5 +417,54 @@ impl Journal {
                 self.removals.insert(TaskKey::bare(id), due_at);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A round reads each write once: an entry written by it, then changed again while it
+    /// runs, is left to the next round, even though the round holds a second (stale) item of
+    /// its id. (Two writes of one id in one round may land in either order, the older last.)
+    #[test]
+    fn a_round_reads_no_entry_dirtied_after_it_took_the_journal() {
+        let mut index = Index::with_hasher(Default::default());
+        let mut journal = Journal::default();
+        let key = TaskKey::bare("x");
+        let hash = index.hash("x");
+        let dirty = |journal: &Journal| Entry {
+            timer: None,
+            persisted: false,
+            dirty: true,
+            since: journal.round(),
+        };
+        // Scheduled, cancelled before any round (a stale item), scheduled again.
+        index.insert_hashed(hash, key.clone(), dirty(&journal));
+        journal.scheduled(hash, 1, false, &index);
+        let (_, old) = index.remove_hashed(hash, "x").unwrap();
+        journal.forget(&old);
+        index.insert_hashed(hash, key.clone(), dirty(&journal));
+        journal.scheduled(hash, 2, false, &index);
+        let round = journal.take_all(&index);
+        assert_eq!(round.upserts.len(), 2, "two items of x");
+        assert!(
+            journal.read_write(hash, &mut index).is_some(),
+            "the first reads x"
+        );
+        // Written again while the round runs: dirty again, a new item.
+        let (key, entry) = index.get_hashed_mut(hash, "x").unwrap();
+        journal.upsert(hash, &key.clone(), entry);
+        assert!(
+            journal.read_write(hash, &mut index).is_none(),
+            "the round's second item read x again"
+        );
+        let next = journal.take_all(&index);
+        assert_eq!(next.upserts.len(), 1);
+        assert!(
+            journal.read_write(hash, &mut index).is_some(),
+            "the next round reads x"
+        );
+        assert_eq!(journal.dirty, 0);
     }
 }

@@ -206,6 +206,7 @@ impl<S: TaskStore> Persistent<S> {
                         timer: Some(timer),
                         persisted: true,
                         dirty: false,
+                        since: 0,
                     },
                 );
                 report.loaded += 1;
