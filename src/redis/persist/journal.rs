@@ -11,9 +11,13 @@
 //! The list may name entries that are no longer dirty (cancelled, acknowledged, or written
 //! since, in which case their hash was pushed again if they changed again): each of its items
 //! means "a dirty entry with this hash may exist", and the flusher writes the dirty entries it
-//! finds, once each. Every dirty entry has an item: an entry's hash is pushed whenever it
-//! becomes dirty, and a new version of a dirty task (a replacement) stays dirty, under the
-//! same id and so the same hash.
+//! finds, once each. Every dirty entry has an item (on the list, or, while a round runs and
+//! if it became dirty before that round took the journal, among the round's): an entry's hash
+//! is pushed whenever it becomes dirty, and a new version of a dirty task (a replacement)
+//! stays dirty, under the same id and so the same hash.
+//!
+//! A round reads only the entries that became dirty before it took the journal (`since`), so
+//! it never writes an id twice, nor writes an id it also removes.
 
 use std::hash::BuildHasher;
 use std::time::Instant;
@@ -181,15 +185,15 @@ impl Journal {
         }
     }
 
-    /// A new version of a task (due at `due_at`, its id hashing to `hash`), marked dirty,
-    /// took the index's place of a version that was dirty (`replaced_dirty`) or not (or of
-    /// none). Rebuilds the list of writes from `index` if it holds too many stale items.
     /// The `since` of an entry that becomes dirty now.
     #[inline]
     pub(super) fn round(&self) -> u32 {
         self.round
     }
 
+    /// A new version of a task (due at `due_at`, its id hashing to `hash`), marked dirty,
+    /// took the index's place of a version that was dirty (`replaced_dirty`) or not (or of
+    /// none). Rebuilds the list of writes from `index` if it holds too many stale items.
     #[inline]
     pub(super) fn scheduled(
         &mut self,
@@ -338,7 +342,8 @@ impl Journal {
             };
         }
         // Items whose entry is no longer dirty are dropped here, not sent: a probe of stale
-        // items only would write nothing, and pass for the store being back.
+        // items only would write nothing, and pass for the store being back. (At most the
+        // stale items the list may hold: about the index's size, as a rebuild costs.)
         let mut upserts = Vec::with_capacity(batch.min(self.upserts.len()));
         while upserts.len() < batch {
             let Some((hash, due_at)) = self.upserts.pop() else {
