@@ -201,9 +201,9 @@
 //!
 //! # Persistence: the journal, the flusher and restore
 //!
-//! The engine's wheel is the source of truth. Every change goes into a journal keyed by task
-//! id, so once a restore has completed, a task scheduled and cancelled within one flush
-//! window costs no Redis command. The flusher writes the journal every
+//! The engine's wheel is the source of truth. Every change goes into a journal that keeps the
+//! last change per task id, so once a restore has completed, a task scheduled and cancelled
+//! within one flush window costs no Redis command. The flusher writes the journal every
 //! [`flush_interval`](PersistConfig::flush_interval) in atomic batches of
 //! [`batch`](PersistConfig::batch), removals first and never in one batch with writes: a Redis
 //! at `maxmemory` refuses every write (and every MULTI) but still runs a batch of removals, so

@@ -3,8 +3,9 @@
 //!
 //! # Ground rules
 //!
-//! * The engine (memory) is the source of truth. Every change is recorded in the journal, keyed
-//!   by task id, so later changes to an id replace earlier ones (coalescing): once a restore
+//! * The engine (memory) is the source of truth. Every change is recorded in the journal (a
+//!   write as the task's index entry marked dirty, a removal by id), so later changes to an id
+//!   replace earlier ones (coalescing), and a round writes each id once: once a restore
 //!   has completed, a task scheduled and cancelled within one flush window costs no Redis
 //!   command at all (before, Redis may hold an older version of the id, and the cancel writes
 //!   its removal).
