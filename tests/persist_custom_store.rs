@@ -1245,12 +1245,15 @@ fn a_shutdown_with_the_store_down_hands_back_the_unwritten_tasks() {
 
 /// An engine (batches of 10, rounds only when asked for) whose store is down, with 100 changes
 /// journaled and one round failed already.
-fn down_with_100_changes() -> (MemStore, Persistent<MemStore>) {
+fn down_with_100_changes(restored: bool) -> (MemStore, Persistent<MemStore>) {
     let store = MemStore::default();
     let mut cfg = PersistConfig::new("unused://", "unused");
     cfg.batch = 10;
     cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
     let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
+    if restored {
+        p.restore(100).unwrap();
+    }
     let far = now_ms() + 3_600_000;
     store.down.store(true, SeqCst);
     for i in 0..100 {
@@ -1272,8 +1275,14 @@ fn down_with_100_changes() -> (MemStore, Persistent<MemStore>) {
 /// for every producer, once per retry). Once the store answers, the rest is written.
 #[test]
 fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
-    let (store, p) = down_with_100_changes();
-    // The next round's writes wait (paused) before they fail: count the batches it sends.
+    let (store, p) = down_with_100_changes(false);
+    one_probe_batch_then_the_100_written(&store, p);
+}
+
+/// The next round of `down_with_100_changes`'s engine sends one batch (its writes wait,
+/// paused, before they fail: the batches it sends are counted), the 100 changes stay
+/// journaled, and once the store answers they are all written.
+fn one_probe_batch_then_the_100_written(store: &MemStore, p: Persistent<MemStore>) {
     store.paused.store(true, SeqCst);
     let before = store.waiting.load(SeqCst);
     assert!(!p.flush(Duration::from_millis(20)));
@@ -1297,23 +1306,9 @@ fn while_the_store_is_down_a_round_is_a_probe_of_one_batch() {
 /// would send the whole journal to a store that is down.
 #[test]
 fn a_probe_skips_the_items_of_tasks_cancelled_meanwhile() {
-    let store = MemStore::default();
-    let mut cfg = PersistConfig::new("unused://", "unused");
-    cfg.batch = 10;
-    cfg.flush_interval = Duration::from_secs(3_600); // rounds only when asked for
-    let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
-    p.restore(100).unwrap();
+    // Restored: a cancel of a task never written then journals nothing.
+    let (store, p) = down_with_100_changes(true);
     let far = now_ms() + 3_600_000;
-    store.down.store(true, SeqCst);
-    for i in 0..100 {
-        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
-    assert!(!p.flush(Duration::from_millis(50)), "the store is down");
-    wait_until("the first round's writes to fail", || {
-        let applies = store.applies.load(SeqCst);
-        applies > 0 && store.calls.load(SeqCst) >= applies
-    });
     // Scheduled and cancelled, never written: their items go stale at the list's end, where a
     // probe takes its batch.
     for i in 0..50 {
@@ -1322,21 +1317,7 @@ fn a_probe_skips_the_items_of_tasks_cancelled_meanwhile() {
         assert!(p.cancel(&format!("c{i}")));
     }
     assert_eq!(p.journal_depth(), 100);
-    store.paused.store(true, SeqCst);
-    let before = store.waiting.load(SeqCst);
-    assert!(!p.flush(Duration::from_millis(20)));
-    wait_until("the probe's write", || store.waiting.load(SeqCst) > before);
-    std::thread::sleep(Duration::from_millis(200)); // time for any other batch to be sent
-    assert_eq!(
-        store.waiting.load(SeqCst) - before,
-        1,
-        "a round sent more than one batch to a store that is down"
-    );
-    store.paused.store(false, SeqCst);
-    store.down.store(false, SeqCst);
-    assert!(p.flush(PATIENCE));
-    assert_eq!(store.ids().len(), 100);
-    p.shutdown();
+    one_probe_batch_then_the_100_written(&store, p);
 }
 
 /// The writes a snapshot round took count against the journal's bound until it lands, as a
@@ -1376,7 +1357,7 @@ fn the_journal_bound_counts_what_a_snapshot_in_progress_took() {
 /// make `flush` report the journal written (it counted two rounds, most of it unwritten).
 #[test]
 fn a_probe_round_does_not_count_as_flushed() {
-    let (store, p) = down_with_100_changes();
+    let (store, p) = down_with_100_changes(false);
     // Back, but the write after the probe's fails once.
     store.fail_nth.store(2, SeqCst);
     store.down.store(false, SeqCst);

@@ -392,13 +392,7 @@ impl Journal {
         for hash in hashes {
             for (key, entry) in index.with_hash(hash) {
                 entry.persisted = true;
-                self.changed();
-                if !entry.dirty {
-                    entry.dirty = true;
-                    entry.since = self.round;
-                    self.dirty += 1;
-                    self.upserts.push((hash, key.envelope().due_at));
-                }
+                self.upsert(hash, key, entry);
             }
         }
     }
