@@ -94,6 +94,18 @@ impl MemStore {
     fn ids(&self) -> HashSet<String> {
         self.table.lock().keys().cloned().collect()
     }
+
+    /// Each stored task's payload, by id (the tests' payloads are numbers).
+    fn payloads(&self) -> BTreeMap<String, u64> {
+        self.table
+            .lock()
+            .iter()
+            .map(|(id, (_, bytes))| {
+                let e: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+                (id.clone(), e["payload"].as_u64().unwrap())
+            })
+            .collect()
+    }
 }
 
 impl TaskStore for MemStore {
@@ -1816,16 +1828,7 @@ fn changes_while_a_round_is_half_read_end_as_the_pending_set() {
         assert!(round.join().unwrap(), "the stalled round did not end");
     });
     assert!(p.flush(PATIENCE));
-    let stored: BTreeMap<String, u64> = store
-        .table
-        .lock()
-        .iter()
-        .map(|(id, (_, bytes))| {
-            let e: serde_json::Value = serde_json::from_slice(bytes).unwrap();
-            (id.clone(), e["payload"].as_u64().unwrap())
-        })
-        .collect();
-    assert_eq!(stored, model);
+    assert_eq!(store.payloads(), model);
     assert_eq!(p.journal_depth(), 0);
     p.shutdown();
     let q = engine(&store);
@@ -1874,16 +1877,7 @@ fn a_task_scheduled_again_while_its_removal_is_out_keeps_its_row() {
         assert!(round.join().unwrap(), "the round did not end");
     });
     assert!(p.flush(PATIENCE));
-    let stored: BTreeMap<String, u64> = store
-        .table
-        .lock()
-        .iter()
-        .map(|(id, (_, bytes))| {
-            let e: serde_json::Value = serde_json::from_slice(bytes).unwrap();
-            (id.clone(), e["payload"].as_u64().unwrap())
-        })
-        .collect();
-    assert_eq!(stored, BTreeMap::from([("x".to_string(), 3)]));
+    assert_eq!(store.payloads(), BTreeMap::from([("x".to_string(), 3)]));
     p.shutdown();
 }
 
@@ -1920,15 +1914,7 @@ proptest::proptest! {
         let far = now_ms() + 3_600_000;
         let mut model: BTreeMap<String, u8> = BTreeMap::new();
         let stored = |store: &MemStore| -> BTreeMap<String, u8> {
-            store
-                .table
-                .lock()
-                .iter()
-                .map(|(id, (_, bytes))| {
-                    let e: serde_json::Value = serde_json::from_slice(bytes).unwrap();
-                    (id.clone(), e["payload"].as_u64().unwrap() as u8)
-                })
-                .collect()
+            store.payloads().into_iter().map(|(id, v)| (id, v as u8)).collect()
         };
         for op in ops {
             match op {
