@@ -1,8 +1,10 @@
 //! The persistence role: [`Persistent`], an engine whose pending tasks survive a restart.
 //!
-//! * [`engine`]: the engine itself (start, schedule, cancel, ack, flush, snapshot, shutdown)
-//!   and the callback that delivers fired tasks; [`restore`]: its restore; [`config`]: its
-//!   settings and errors; `fired_stream` (feature `futures`): the fired tasks as a `Stream`.
+//! * [`engine`]: the engine's calls (schedule, cancel, ack, flush, snapshot);
+//!   [`lifecycle`]: its start, which composes the threads and loops below, and its shutdown;
+//!   [`deliver`]: the callback that hands fired tasks over; [`restore`]: its restore;
+//!   [`config`]: its settings and errors; `fired_stream` (feature `futures`): the fired tasks
+//!   as a `Stream`.
 //! * [`index`]: the tasks held; [`journal`]: the changes not yet written; [`state`]: both
 //!   under one mutex, and what the threads share.
 //! * [`flusher`]: the write-behind thread that drains the journal; [`lease`]: the writer
@@ -11,9 +13,9 @@
 //!   rows that pass through it;
 //!   [`redis_store`]: [`RedisStore`], the Redis backend, with its Lua scripts.
 //!
-//! Dependencies point one way, from the engine down: engine and restore, then flusher and
-//! lease, state, journal, index, config, and the store trait and rows that the Redis store
-//! implements. Nothing here uses the queue.
+//! Dependencies point one way, from the engine down: lifecycle, engine and restore, then
+//! deliver, flusher and lease, state, journal, index, config, and the store trait and rows
+//! that the Redis store implements. Nothing here uses the queue.
 //!
 //! The Redis store's scripts are `.lua` files in `lua/`, each with its keys, arguments and
 //! reply in its header: `page` (one keyset page of a restore, with the server's `run_id`),
@@ -25,6 +27,7 @@
 //! known limits) is in the public docs of [`crate::redis`].
 
 pub(crate) mod config;
+pub(crate) mod deliver;
 pub(crate) mod engine;
 #[cfg(feature = "futures")]
 pub(crate) mod fired_stream;
@@ -32,6 +35,7 @@ pub(crate) mod flusher;
 pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod lease;
+pub(crate) mod lifecycle;
 pub(crate) mod redis_store;
 pub(crate) mod restore;
 pub(crate) mod rows;

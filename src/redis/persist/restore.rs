@@ -12,9 +12,10 @@ use crate::redis::persist::task_store::{guarded, TaskStore};
 use crate::redis::store_error::StoreError;
 
 use super::config::*;
-use super::engine::{runtime_stopped, Persistent};
+use super::engine::Persistent;
 use super::index::{Entry, Ids, TaskKey};
 use super::lease::ask_lease;
+use super::lifecycle::runtime_stopped;
 use super::state::{Inner, State};
 
 impl<S: TaskStore> Persistent<S> {
