@@ -1126,4 +1126,108 @@ mod tests {
             "due now, by Redis"
         );
     }
+
+    /// A replaced task that was leased loses its lease only once its new place is written: an
+    /// `enqueue_many` that fails part way (here on a due that is not a number) leaves it
+    /// leased to its consumer, not in no queue at all.
+    #[test]
+    fn an_enqueue_many_that_fails_part_way_leaves_a_replaced_task_leased() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("replace-fail").unwrap();
+        redis::pipe()
+            .zadd(k.due(), "x", 0)
+            .hset(k.tasks(), "x", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let held = claim(&mut conn, &k, 60_000);
+        assert_eq!(held.len(), 1);
+        let failed: redis::RedisResult<Vec<u8>> = ENQUEUE_MANY
+            .key(k.due())
+            .key(k.tasks())
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.expired())
+            .arg(1)
+            .arg("chan")
+            .arg(0)
+            .arg("")
+            .arg("x")
+            .arg(1_000)
+            .arg("{\"v\":2}")
+            .arg("y")
+            .arg("soon")
+            .arg("{}")
+            .invoke(&mut conn);
+        assert!(failed.is_err(), "a due that is not a number fails the call");
+        let lease: Option<f64> = redis::cmd("ZSCORE")
+            .arg(k.lease())
+            .arg("x")
+            .query(&mut conn)
+            .unwrap();
+        let owner: Option<String> = redis::cmd("HGET")
+            .arg(k.owner())
+            .arg("x")
+            .query(&mut conn)
+            .unwrap();
+        let envelope: Option<String> = redis::cmd("HGET")
+            .arg(k.tasks())
+            .arg("x")
+            .query(&mut conn)
+            .unwrap();
+        assert!(lease.is_some(), "x keeps its lease");
+        assert_eq!(owner.as_deref(), Some(held[0].1.as_str()));
+        assert_eq!(envelope.as_deref(), Some("{}"), "and its envelope");
+        let y: bool = redis::cmd("HEXISTS")
+            .arg(k.tasks())
+            .arg("y")
+            .query(&mut conn)
+            .unwrap();
+        assert!(!y, "nothing of the call written");
+    }
+
+    /// CANCEL answers 1 for a task queued or leased, whether or not its envelope is there
+    /// yet, and 0 for an envelope alone (which it removes all the same) or nothing.
+    #[test]
+    fn a_cancel_answers_whether_a_task_was_queued_or_leased() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("cancel-answer").unwrap();
+        redis::pipe()
+            .zadd(k.due(), "leased", 0)
+            .hset(k.tasks(), "leased", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(claim(&mut conn, &k, 60_000).len(), 1);
+        redis::pipe()
+            .zadd(k.due(), "queued", i64::MAX / 2)
+            .hset(k.tasks(), "queued", "{}")
+            .zadd(k.due(), "no-envelope", i64::MAX / 2)
+            .hset(k.tasks(), "envelope-alone", "{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        let mut cancel = |id: &str| -> u64 {
+            CANCEL
+                .key(k.due())
+                .key(k.tasks())
+                .key(k.lease())
+                .key(k.owner())
+                .key(k.expired())
+                .arg(id)
+                .invoke(&mut conn)
+                .unwrap()
+        };
+        assert_eq!(cancel("leased"), 1);
+        assert_eq!(cancel("queued"), 1);
+        assert_eq!(cancel("no-envelope"), 1);
+        assert_eq!(cancel("envelope-alone"), 0);
+        assert_eq!(cancel("never"), 0);
+        assert_eq!(cancel("queued"), 0, "gone after the first cancel");
+        let left: (u64, u64, u64, u64) = redis::pipe()
+            .zcard(k.due())
+            .hlen(k.tasks())
+            .zcard(k.lease())
+            .hlen(k.owner())
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(left, (0, 0, 0, 0), "every key cleared");
+    }
 }
