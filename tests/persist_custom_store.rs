@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delaywheel::redis::{
-    now_ms, Broken, Cursor, Durability, Envelope, Op, PersistConfig, PersistError, Persistent, Row,
-    Rows, StoreError, TaskStore, WallClock,
+    now_ms, Broken, Cursor, Durability, Envelope, Lease, Op, PersistConfig, PersistError,
+    Persistent, Row, Rows, StoreError, TaskStore, WallClock,
 };
 use delaywheel::ManualClock;
 use parking_lot::Mutex;
@@ -60,6 +60,9 @@ struct MemStore {
     /// `replace_all` waits while it is set, counting the calls that wait.
     snapshot_paused: Arc<AtomicBool>,
     snapshot_waiting: Arc<AtomicUsize>,
+    /// The next lease call empties the table and answers `Lease::Retaken`, as a Redis that
+    /// restarted empty does.
+    lose_data: Arc<AtomicBool>,
 }
 
 /// A panic payload whose drop panics.
@@ -109,6 +112,21 @@ impl MemStore {
 }
 
 impl TaskStore for MemStore {
+    fn lease(
+        &self,
+        _holder: &str,
+        _ttl: Duration,
+        _first: bool,
+    ) -> impl Future<Output = Result<Lease, StoreError>> + Send {
+        let lease = if self.lose_data.swap(false, SeqCst) {
+            self.table.lock().clear();
+            Lease::Retaken("the test emptied the store".into())
+        } else {
+            Lease::Held
+        };
+        std::future::ready(Ok(lease))
+    }
+
     fn apply(&self, ops: &[Op]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.applies.fetch_add(1, SeqCst);
         self.maybe_panic();
@@ -1941,4 +1959,63 @@ proptest::proptest! {
         proptest::prop_assert_eq!(q.restore(100).unwrap().loaded, model.len());
         q.shutdown();
     }
+}
+
+/// An engine on `store` that renews its lease every 100 ms, restored, holding 100 tasks that
+/// are in the store; then the store loses them all at the next renewal and refuses snapshots,
+/// and the engine has tried to write them back once.
+fn after_an_unrepaired_data_loss(store: &MemStore) -> Persistent<MemStore> {
+    let mut cfg = PersistConfig::new("unused://", "unused");
+    cfg.engine_lease = Duration::from_millis(300);
+    let p = Persistent::with_store(cfg, store.clone()).unwrap().0;
+    p.restore(100).unwrap();
+    let far = now_ms() + 3_600_000;
+    for i in 0..100 {
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
+            .unwrap();
+    }
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids().len(), 100);
+    store.snapshots_fail.store(true, SeqCst);
+    store.lose_data.store(true, SeqCst);
+    wait_until("the snapshot writing the tasks back", || {
+        store.snapshot_calls.load(SeqCst) >= 1
+    });
+    assert!(store.ids().is_empty());
+    p
+}
+
+/// The store lost data after a restore had completed: the engine writes its pending set back
+/// as a snapshot, and until that lands the store lacks tasks that no journal entry names.
+/// `flush` answers `false` meanwhile, and `true` once they are back. (It looked at the journal
+/// alone, and answered `true` at once with the store empty.)
+#[test]
+fn a_flush_after_a_data_loss_waits_for_the_tasks_written_back() {
+    let store = MemStore::default();
+    let p = after_an_unrepaired_data_loss(&store);
+    assert!(
+        !p.flush(Duration::from_millis(1_500)),
+        "flush said the tasks were stored; the store holds {}",
+        store.ids().len()
+    );
+    store.snapshots_fail.store(false, SeqCst);
+    assert!(p.flush(PATIENCE));
+    assert_eq!(store.ids().len(), 100);
+    assert!(p.shutdown().is_empty());
+}
+
+/// The same, shut down before the snapshot lands: every task held is handed back, none being in
+/// the store. (Only the tasks with a journaled write were: here none.)
+#[test]
+fn a_shutdown_before_the_tasks_lost_are_written_back_hands_them_all_back() {
+    let store = MemStore::default();
+    let p = after_an_unrepaired_data_loss(&store);
+    let back: HashSet<String> = p.shutdown().into_iter().map(|e| e.id).collect();
+    assert_eq!(
+        back.len(),
+        100,
+        "handed back {} of the 100 tasks lost",
+        back.len()
+    );
+    assert!(store.ids().is_empty());
 }

@@ -444,13 +444,26 @@ impl<S: TaskStore> Persistent<S> {
     /// Waits until everything journaled so far is in Redis (for example before a deploy), for at
     /// most `timeout`. Returns whether it got there (`false`: Redis is down or slow).
     /// With nothing journaled and no round out, that is already so: `true` at once, whatever
-    /// the timeout, also after [`shutdown`](Self::shutdown). During a
+    /// the timeout, also after [`shutdown`](Self::shutdown). After the store lost data (it
+    /// restarted empty, say, once a restore had completed), the pending set written back
+    /// counts too: `false` until it is in the store. During a
     /// [`restore`](Self::restore), a task whose broken row the restore is dead-lettering is
     /// journaled again only once that call returns; a store that cannot leave a rewritten row
     /// in place (see [`TaskStore::dead_letter`]; [`RedisStore`] can) may lack it until then.
     pub fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
         let mut state = self.inner.state.lock();
+        // The store lacks tasks that no entry marks dirty until the snapshot that writes them
+        // back lands: the flusher tries it (within its own backoff), each round notifying.
+        while state.journal.repair_pending() {
+            if (self.inner.lost.load(SeqCst)
+                || self.inner.stopping.load(SeqCst)
+                || self.inner.wait_round(&mut state, deadline))
+                && state.journal.repair_pending()
+            {
+                return false;
+            }
+        }
         // Not at once while a restore runs: it may have removed a row (with a broken one it
         // dead-letters) that it has yet to journal again. (Two rounds do not wait for that.)
         if state.journal.is_empty() && !state.journal.in_round && state.restoring == 0 {

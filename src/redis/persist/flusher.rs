@@ -343,8 +343,10 @@ pub(super) fn flush_loop<S: TaskStore>(inner: &Inner, store: &S, rt: &tokio::run
         // The final round takes everything, whatever the state of the store.
         let probe = journal_down && !stopping;
         let mut whole = true;
+        // The final round tries a wanted snapshot whatever its backoff (the last chance to
+        // write back what a data loss took), unless the one before it just failed.
         let hold_snapshot = std::mem::take(&mut snapshot_failed)
-            || snapshot_not_before.is_some_and(|t| Instant::now() < t);
+            || (!stopping && snapshot_not_before.is_some_and(|t| Instant::now() < t));
         let round = take_round(inner, probe, hold_snapshot);
         // The buffers of the journal a round took, given back at its end.
         let mut spare = None;

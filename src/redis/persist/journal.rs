@@ -126,6 +126,11 @@ pub(super) struct Journal {
     pub(super) snapshot_ok: u64,
     /// The size of the last snapshot written.
     pub(super) snapshot_len: usize,
+    /// The store lost data after a restore had completed (see `Inner::write_all_back`): the
+    /// pending set is written back by a snapshot taken after the round numbered here. Until
+    /// one succeeds, the store lacks tasks that no entry marks dirty: `flush` waits for it, and
+    /// `shutdown` hands back every task held.
+    pub(super) repair_after: Option<u64>,
     /// Someone waits for a round (`flush`, WriteThrough, `snapshot`): the flusher starts one
     /// now instead of sleeping. A flag, not just the condvar, so a kick made while the flusher
     /// is busy is not lost.
@@ -152,6 +157,11 @@ impl Journal {
     /// Unflushed changes: journaled, or taken by the round in progress.
     pub(super) fn depth(&self) -> usize {
         self.removals.len() + self.dirty + self.taken
+    }
+
+    /// A data loss the store reported is not repaired yet (see `repair_after`).
+    pub(super) fn repair_pending(&self) -> bool {
+        self.repair_after.is_some_and(|r| self.snapshot_ok <= r)
     }
 
     /// Nothing is journaled (a round in progress may still hold changes).

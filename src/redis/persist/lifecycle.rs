@@ -194,7 +194,8 @@ impl<S: TaskStore> Persistent<S> {
     /// restore.
     ///
     /// Returns the tasks whose current version could not be written (Redis down or refusing
-    /// the writes at the end), so that the caller can keep them elsewhere: without that, the
+    /// the writes at the end; every task held, if the store lost data and the pending set
+    /// could not be written back), so that the caller can keep them elsewhere: without that, the
     /// next process would not know them, or would restore an older version. Removals that
     /// could not be written (cancels, acks) are not returned: the next process restores those
     /// tasks and they fire again, as at-least-once delivery allows. Both are logged. A restore
@@ -280,13 +281,21 @@ impl<S: TaskStore> Persistent<S> {
                 tracing::warn!("writer lease not given up: the next engine waits for it to expire");
             }
         }
-        // The flusher's final round is done: what is still journaled was not written.
+        // The flusher's final round is done: what is still journaled was not written, nor,
+        // while a data loss is not repaired, any task held.
         let (unwritten, removals) = {
             let state = self.inner.state.lock();
+            let lost = state.journal.repair_pending();
+            if lost {
+                tracing::error!(
+                    tasks = state.index.len(),
+                    "shut down before the tasks the store lost were written back: all handed back"
+                );
+            }
             let unwritten: Vec<Envelope> = state
                 .index
                 .iter()
-                .filter(|(_, entry)| entry.dirty)
+                .filter(|(_, entry)| lost || entry.dirty)
                 .map(|(key, _)| (**key.envelope()).clone())
                 .collect();
             (unwritten, state.journal.removals.len())

@@ -151,6 +151,7 @@ impl Inner {
         tracing::error!(reason = %why, tasks = index.len(), restored = *restored, "the store lost data: writing every pending task back");
         if *restored {
             journal.snapshot_wanted = true;
+            journal.repair_after = Some(journal.snapshot_rounds);
         } else {
             for (key, entry) in index.iter_mut() {
                 entry.persisted = true;
