@@ -1230,4 +1230,51 @@ mod tests {
             .unwrap();
         assert_eq!(left, (0, 0, 0, 0), "every key cleared");
     }
+
+    /// A unique window Redis refuses as an expiry (written by another client) sets no marker
+    /// and fails no ack: the ack used to fail, with every other ack in its call, each time the
+    /// consumer sent it again.
+    #[test]
+    fn an_ack_with_a_window_redis_refuses_still_removes_its_tasks() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("bad-window").unwrap();
+        for id in ["t1", "t2"] {
+            redis::pipe()
+                .zadd(k.due(), id, 0)
+                .hset(k.tasks(), id, "{}")
+                .query::<()>(&mut conn)
+                .unwrap();
+        }
+        let held = claim(&mut conn, &k, 60_000);
+        assert_eq!(held.len(), 2);
+        let owner = &held[0].1;
+        let answers: Vec<u8> = ACK
+            .key(k.lease())
+            .key(k.owner())
+            .key(k.tasks())
+            .key(k.expired())
+            .key(k.dead())
+            .key(k.unique_marker("t1"))
+            .key(k.unique_marker("t2"))
+            .arg(owner)
+            .arg(0)
+            .arg(u64::MAX)
+            .arg(1)
+            .arg("t1")
+            .arg(owner)
+            .arg(0)
+            .arg(60_000)
+            .arg(1)
+            .arg("t2")
+            .invoke(&mut conn)
+            .unwrap();
+        assert_eq!(answers, [1, 1]);
+        let (stored, bad, good): (usize, bool, bool) = redis::pipe()
+            .hlen(k.tasks())
+            .exists(k.unique_marker("t1"))
+            .exists(k.unique_marker("t2"))
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!((stored, bad, good), (0, false, true));
+    }
 }

@@ -18,13 +18,17 @@ pub(crate) const UNIQUE_HEADER: &str = "delaywheel-unique-ms";
 /// The longest unique window: a year.
 pub const MAX_UNIQUE_WINDOW: Duration = Duration::from_secs(365 * 86_400);
 
-/// A task's unique window in ms, 0 for none (or an unreadable header).
+/// A task's unique window in ms, 0 for none (or an unreadable header), at most
+/// [`MAX_UNIQUE_WINDOW`]: a longer one, which only another client can have written, counts as
+/// that. (Redis refuses an expiry past its range, and the ack that carried it would fail with
+/// every ack in its call, call after call.)
 pub(crate) fn window_ms(envelope: &Envelope) -> u64 {
+    let max = MAX_UNIQUE_WINDOW.as_millis() as u64;
     envelope
         .headers
         .get(UNIQUE_HEADER)
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(0)
+        .and_then(|w| w.parse::<u64>().ok())
+        .map_or(0, |w| w.min(max))
 }
 
 /// What [`Producer::enqueue_unique`] did.
@@ -129,5 +133,38 @@ impl Producer {
             Ok(_) => Ok(Unique::Pending),
             Err(e) => Err(QueueError::NotEnqueued(e.into(), Box::new(envelope))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_window(header: &str) -> Envelope {
+        let mut envelope = Envelope {
+            id: "t".into(),
+            topic: "t".into(),
+            payload: serde_json::Value::Null,
+            due_at: 0,
+            attempt: 0,
+            created_at: 0,
+            headers: Default::default(),
+        };
+        envelope
+            .headers
+            .insert(UNIQUE_HEADER.to_string(), header.to_string());
+        envelope
+    }
+
+    /// A window past the longest (only another client writes one) counts as the longest; one
+    /// that does not read as a number, as none.
+    #[test]
+    fn a_window_header_reads_as_at_most_the_longest_window() {
+        let max = MAX_UNIQUE_WINDOW.as_millis() as u64;
+        assert_eq!(window_ms(&with_window("5000")), 5_000);
+        assert_eq!(window_ms(&with_window(&max.to_string())), max);
+        assert_eq!(window_ms(&with_window(&u64::MAX.to_string())), max);
+        assert_eq!(window_ms(&with_window("soon")), 0);
+        assert_eq!(window_ms(&with_window("-1")), 0);
     }
 }

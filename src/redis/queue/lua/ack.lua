@@ -5,7 +5,7 @@
 -- mostly a few runs, one per claim batch, and each argument costs Redis a string to parse and
 -- Lua one to intern.) Removes each task whose owner still matches, and sets the marker of
 -- each one removed with a window, expiring after it (`enqueue_unique` refuses the id
--- meanwhile). Returns per task, in order, 1 (removed), 0 (refused: the lease was taken over,
+-- meanwhile; a window Redis refuses as an expiry sets none). Returns per task, in order, 1 (removed), 0 (refused: the lease was taken over,
 -- or ran out and the task is queued again or dead-lettered), or, for an ack sent again
 -- (`again` = 1) after a call that may have run, 2 if the task is gone, held by no one and not
 -- dead-lettered: most likely that call ran and only its reply was lost. (Another consumer's
@@ -48,8 +48,10 @@ for k = 1, count do
     g = g + 1
     gone[g] = id
     out[k] = 1
+    -- A window Redis refuses as an expiry (only another client writes one) sets no marker:
+    -- an error here would fail every ack of the call, call after call.
     if markers and window ~= '0' then
-      redis.call('SET', KEYS[5 + k], '1', 'PX', window)
+      redis.pcall('SET', KEYS[5 + k], '1', 'PX', window)
     end
   elseif again == '1' and (removed[id] or (not owners[k] and redis.call('HEXISTS', KEYS[3], id) == 0)) and redis.call('HEXISTS', KEYS[5], id) == 0 then
     out[k] = 2
