@@ -325,7 +325,96 @@ fn bad_input_gives_one_line_and_a_meaningful_exit_code() {
         &["--namespace", "cli-real", "ls", "dead", "--limit", "0"],
     );
     assert_eq!(code(&zero), 2, "{}", stderr(&zero));
+    // A page so large that its script would stall Redis, a cursor that is no due time, and
+    // one of another listing: usage errors too.
+    for args in [
+        &["ls", "scheduled", "--limit", "10001"][..],
+        &["ls", "scheduled", "--cursor", "after:NaN:x"],
+        &["ls", "scheduled", "--cursor", "after:inf:x"],
+        &["ls", "scheduled", "--cursor", "scan:0:0:0"],
+        &["ls", "dead", "--cursor", "after:5:x"],
+    ] {
+        let out = cli(&url, &[&["--namespace", "cli-real"][..], args].concat());
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+    }
+    let most = cli(
+        &url,
+        &[
+            "--namespace",
+            "cli-real",
+            "ls",
+            "scheduled",
+            "--limit",
+            "10000",
+        ],
+    );
+    assert_eq!(code(&most), 0, "{}", stderr(&most));
     assert!(engine.shutdown().is_empty());
+}
+
+/// Without `--cluster`, `--redis` is one URL, whose password may hold a comma.
+#[test]
+fn a_password_with_a_comma_reaches_redis_whole() {
+    let server = redis_server::RedisServer::start_in_memory();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _p = producer(&rt, &QueueConfig::new(server.url(), "cli-pass"));
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("pa,ss")
+        .query::<()>(
+            &mut redis::Client::open(server.url())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        )
+        .unwrap();
+    let url = format!("{}?pass=pa,ss", server.url());
+    let stats = json(&url, &["--namespace", "cli-pass", "--json", "stats"]);
+    assert_eq!(stats["queued"], 0, "{stats}");
+}
+
+/// Ids, topics and dead-letter reasons come from producers and handlers: printed for a person,
+/// their control characters are escaped, so that an escape sequence in one cannot rewrite the
+/// operator's terminal. `--json` escapes them as JSON does.
+#[test]
+fn control_characters_reach_the_terminal_escaped() {
+    let Fixture {
+        server, rt, cfg, p, ..
+    } = fixture("cli-esc", |cfg| {
+        cfg.retry = RetryPolicy {
+            max_attempts: 1,
+            ..cfg.retry
+        }
+    });
+    let evil = "t\u{1b}]0;owned\u{7}";
+    let c = Consumer::start(
+        cfg,
+        Handlers::new().on("bell\u{7}", |_| Err("bad \u{1b}[2J card".into())),
+    )
+    .unwrap();
+    enqueue_all(&rt, &p, "bell\u{7}", vec![(evil.to_string(), now_ms())]);
+    wait_until("the dead letter", || {
+        rt.block_on(p.depth()).unwrap().dead == 1
+    });
+    c.shutdown(Duration::from_secs(5)).unwrap();
+    let url = server.url();
+    for args in [
+        &["--namespace", "cli-esc", "ls", "dead"][..],
+        &["--namespace", "cli-esc", "get", evil],
+    ] {
+        let out = cli(&url, args);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{args:?}: {text:?}"
+        );
+        assert!(text.contains("\\u{1b}"), "{args:?}: {text:?}");
+    }
+    let dead = json(&url, &["--namespace", "cli-esc", "--json", "get", evil]);
+    assert_eq!(dead["id"], evil);
+    assert_eq!(dead["reason"], "bad \u{1b}[2J card");
 }
 
 #[test]

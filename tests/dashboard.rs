@@ -265,3 +265,68 @@ fn the_dashboard_shows_a_filled_queue_and_its_refreshes_change_the_figures() {
     assert!(png > 10_000, "a {png}-byte screenshot");
     println!("screenshot: {}", shot.display());
 }
+
+/// The status code of a GET of `path` from `listen`, naming `host` as its Host.
+fn status_for_host(listen: &str, path: &str, host: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(listen).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply.split_whitespace().nth(1).unwrap_or("").to_string()
+}
+
+/// On loopback the dashboard answers only requests for a loopback host: a page elsewhere that
+/// points its own name at 127.0.0.1 (DNS rebinding) sends that name, and must not read the
+/// queue's ids and dead letters.
+#[test]
+fn the_dashboard_refuses_a_request_for_another_host() {
+    let Fixture { server, .. } = fixture("rebind", |_| {});
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let _served = Served(
+        Command::new(env!("CARGO_BIN_EXE_delaywheel"))
+            .env("DELAYWHEEL_REDIS_URL", server.url())
+            .args(["--namespace", "rebind", "dashboard", "--listen", &listen])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    while std::net::TcpStream::connect(&listen).is_err() {
+        assert!(start.elapsed() < PATIENCE, "the dashboard never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("LocalHost:{port}"),
+    ] {
+        assert_eq!(
+            status_for_host(&listen, "/api/stats", &host),
+            "200",
+            "{host}"
+        );
+    }
+    for host in [
+        format!("attacker.example:{port}"),
+        format!("127.0.0.1.attacker.example:{port}"),
+        "127.0.0.1:1".to_string(),
+        "localhost".to_string(),
+    ] {
+        assert_eq!(
+            status_for_host(&listen, "/api/stats", &host),
+            "403",
+            "{host}"
+        );
+        assert_eq!(status_for_host(&listen, "/", &host), "403", "{host}");
+    }
+}

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use delaywheel::redis::{ListCursor, ListState, Producer, QueueError};
 use serde_json::json;
 
-use crate::output::{print_page, print_task};
+use crate::output::{print_page, print_task, shown};
 use crate::{fail, Command, Exit, State};
 
 pub(crate) async fn run(p: &Producer, command: Command, json_out: bool) -> Exit {
@@ -73,7 +73,10 @@ pub(crate) async fn run(p: &Producer, command: Command, json_out: bool) -> Exit 
                         };
                         println!(
                             "{:<24} {:<40} {:<16} {:?}",
-                            s.name, every, s.topic, s.catch_up
+                            shown(&s.name),
+                            shown(&every),
+                            shown(&s.topic),
+                            s.catch_up
                         );
                     }
                 }
@@ -159,6 +162,11 @@ async fn ls(
             print_page(&page, json_out);
             Exit::Done
         }
+        // A cursor of another listing (the limit is checked before).
+        Err(QueueError::Config(why)) => {
+            eprintln!("delaywheel: {why}");
+            Exit::Usage
+        }
         Err(e) => fail("ls failed", &e),
     }
 }
@@ -204,7 +212,7 @@ async fn requeue_all(p: &Producer, rate: u32, json_out: bool) -> Exit {
     } else {
         println!("requeued {requeued}");
         for (id, e) in &failed {
-            println!("refused  {id}: {e}");
+            println!("refused  {}: {}", shown(id), shown(e));
         }
     }
     if failed.is_empty() {

@@ -89,13 +89,58 @@ fn respond(status: StatusCode, kind: &str, body: impl Into<Bytes>) -> Response<F
     r
 }
 
+/// Whether a request to the dashboard listening on `addr` may be answered: on a loopback
+/// address, only one naming a loopback host (`localhost`, `127.0.0.1`, `[::1]`) and the port
+/// it listens on. A page elsewhere that points a name of its own at 127.0.0.1 (DNS rebinding)
+/// sends its own name as the host, and is refused: the browser would otherwise let it read the
+/// queue's ids and dead letters. On another address (behind a proxy), any host.
+fn host_allowed(host: Option<&str>, addr: SocketAddr) -> bool {
+    if !addr.ip().is_loopback() {
+        return true;
+    }
+    let Some(host) = host else {
+        return false;
+    };
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((ip, tail)) => (ip, tail.strip_prefix(':')),
+            None => return false,
+        },
+        None => match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
+    };
+    let port_ok = match port {
+        Some(p) => p.parse::<u16>() == Ok(addr.port()),
+        None => addr.port() == 80,
+    };
+    let loopback = name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    port_ok && loopback
+}
+
 async fn route(
     req: Request<Incoming>,
+    addr: SocketAddr,
     p: Arc<Producer>,
     namespace: Arc<str>,
     refresh: Duration,
     census: Arc<Mutex<Option<Census>>>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    if !host_allowed(host, addr) {
+        return Ok(respond(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "this dashboard answers only requests for its loopback address\n",
+        ));
+    }
     if req.method() != Method::GET {
         return Ok(respond(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -148,7 +193,14 @@ pub(crate) async fn serve(
         let (p, namespace, last) = (p.clone(), namespace.clone(), last.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                route(req, p.clone(), namespace.clone(), refresh, last.clone())
+                route(
+                    req,
+                    addr,
+                    p.clone(),
+                    namespace.clone(),
+                    refresh,
+                    last.clone(),
+                )
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)

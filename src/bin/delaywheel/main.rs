@@ -4,8 +4,8 @@
 //! every consumer. Human tables by default, one JSON document with `--json`.
 //!
 //! Exit codes: 0 done; 1 an error (Redis unreachable, an unknown namespace or one of the
-//! other kind, a refused requeue); 2 a usage error (clap's, a bad cursor, a bad refresh, a
-//! `--limit` of 0); 3 the id is not there.
+//! other kind, a refused requeue); 2 a usage error (clap's, a bad cursor or one of another
+//! listing, a bad refresh, a `--limit` of 0 or past 10 000); 3 the id is not there.
 
 mod census;
 mod commands;
@@ -53,8 +53,9 @@ enum Command {
     Ls {
         /// Which tasks.
         state: State,
-        /// Tasks per page (at least 1).
-        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        /// Tasks per page, 1 to 10 000 (a page is read by one script per shard, which Redis
+        /// runs alone: a larger one would stall the queue's consumers).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         limit: u32,
         /// Where to go on from: the `next` a previous page printed.
         #[arg(long)]
@@ -92,7 +93,8 @@ enum Command {
     Schedules,
     /// Serves a read-only page of the queue (shards, topics, a census of each topic's
     /// queued, leased and dead tasks, a chart of the last minutes, the dead letters) that
-    /// refreshes itself. It binds to loopback by default: to reach it
+    /// refreshes itself. It binds to loopback by default, and there answers only requests
+    /// for a loopback host (not a page that points its own name at 127.0.0.1): to reach it
     /// from elsewhere, put it behind a reverse proxy that authenticates (it has no login).
     Dashboard {
         /// Address to listen on.
@@ -141,7 +143,12 @@ fn fail(what: &str, e: &(dyn std::error::Error + 'static)) -> Exit {
 }
 
 async fn connect(cli: &Cli) -> Result<Producer, QueueError> {
-    let nodes: Vec<String> = cli.redis.split(',').map(|u| u.trim().to_owned()).collect();
+    // Split only for a cluster: a single URL may hold a comma (in its password).
+    let nodes: Vec<String> = if cli.cluster {
+        cli.redis.split(',').map(|u| u.trim().to_owned()).collect()
+    } else {
+        vec![cli.redis.trim().to_owned()]
+    };
     let mut cfg = QueueConfig::new(nodes[0].clone(), cli.namespace.as_str());
     if cli.cluster {
         cfg.cluster_nodes = nodes;

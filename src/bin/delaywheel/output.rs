@@ -34,14 +34,33 @@ pub(crate) fn task_json(t: &TaskInfo) -> serde_json::Value {
     v
 }
 
+/// `text` for a terminal: its control characters (an escape sequence in a task id or a
+/// handler's error could rewrite the screen, the window's title or the clipboard) escaped as
+/// Rust writes them (`\u{1b}`). `--json` escapes them as JSON does.
+pub(crate) fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 fn state_text(t: &TaskInfo) -> (String, String) {
     match &t.state {
         TaskState::Scheduled => ("scheduled".into(), String::new()),
         TaskState::Leased { owner, lease_until } => (
             "leased".into(),
-            format!("{owner}, lease until {lease_until}"),
+            format!("{}, lease until {lease_until}", shown(owner)),
         ),
-        TaskState::Dead { reason, .. } => ("dead".into(), reason.clone()),
+        TaskState::Dead { reason, .. } => ("dead".into(), shown(reason).into_owned()),
         TaskState::Unqueued => ("unqueued".into(), "envelope with no queue entry".into()),
         _ => ("other".into(), String::new()),
     }
@@ -53,7 +72,7 @@ pub(crate) fn print_task(t: &TaskInfo, json_out: bool) {
         return;
     }
     let (state, detail) = state_text(t);
-    println!("id       {}", t.id);
+    println!("id       {}", shown(&t.id));
     println!("state    {state}");
     if !detail.is_empty() {
         println!("         {detail}");
@@ -65,10 +84,10 @@ pub(crate) fn print_task(t: &TaskInfo, json_out: bool) {
     println!("attempt  {}", t.attempt);
     match &t.envelope {
         Some(e) => {
-            println!("topic    {}", e.topic);
+            println!("topic    {}", shown(&e.topic));
             println!("payload  {}", e.payload);
         }
-        None if !t.raw.is_empty() => println!("raw      {}", t.raw),
+        None if !t.raw.is_empty() => println!("raw      {}", shown(&t.raw)),
         None => {}
     }
 }
@@ -88,11 +107,11 @@ pub(crate) fn print_page(page: &TaskPage, json_out: bool) {
         let (state, detail) = state_text(t);
         println!(
             "{:<24} {:<10} {:>15} {:>7}  {:<16} {detail}",
-            t.id,
+            shown(&t.id),
             state,
             t.due_at.map_or("-".to_string(), |d| d.to_string()),
             t.attempt,
-            t.envelope.as_ref().map_or("-", |e| &e.topic),
+            t.envelope.as_ref().map_or("-".into(), |e| shown(&e.topic)),
         );
     }
     match next {

@@ -103,7 +103,8 @@ impl ListCursor {
         }
         if let Some(rest) = text.strip_prefix("after:") {
             let (score, id) = rest.split_once(':')?;
-            score.parse::<f64>().ok()?;
+            // A due time: finite (Rust reads `NaN` and `inf`, which Redis refuses).
+            score.parse::<f64>().ok().filter(|s| s.is_finite())?;
             return Some(ListCursor(Position::After(
                 score.to_string(),
                 id.to_string(),
