@@ -117,6 +117,16 @@ const YEAR_MS: u64 = 365 * 86_400_000;
 /// The most occurrences [`Periodic::occurrences`] lists at once.
 pub(crate) const OCCURRENCES_MAX: usize = 10_000;
 
+/// How far before its start a cron listing begins, and past its end it reads: more than the
+/// largest shift of a zone's clocks (2 h), so that a start the cron crate reads as the first
+/// of two instants with one local time (it goes on from the second) still lists what follows
+/// the listing's own start, and the repeated hour's instants, listed in turn, are all read.
+const DST_SLACK_MS: u64 = 3 * 3_600_000;
+
+/// The last instant a cron listing starts from: 9999-12-31T23:59:59.999Z. Near chrono's own
+/// end (year 262 143) the cron crate's step past its start overflows, and panics.
+const CRON_LAST_MS: u64 = 253_402_300_799_999;
+
 fn check_name(name: &str) -> Result<(), PeriodicError> {
     if name.is_empty() || name.contains(':') {
         return Err(PeriodicError::Name(name.to_owned()));
@@ -193,7 +203,9 @@ impl Periodic {
     }
 
     /// Its occurrences after `after_ms` up to `until_ms` (ms since the epoch), in order, at
-    /// most 10 000 (a schedule read back from Redis that no longer parses has none).
+    /// most 10 000 (a schedule read back from Redis that no longer parses has none, nor one
+    /// listed from past the year 9999). A cron time that a zone's clocks pass twice (falling
+    /// back) occurs twice; one they skip (springing forward) does not occur.
     pub fn occurrences(&self, after_ms: u64, until_ms: u64) -> Vec<u64> {
         const MAX: usize = OCCURRENCES_MAX;
         match &self.every {
@@ -209,15 +221,30 @@ impl Periodic {
                 let Ok((schedule, zone)) = parse_cron(expr, tz) else {
                     return Vec::new();
                 };
-                let Some(start) = Utc.timestamp_millis_opt(after_ms as i64).single() else {
+                if after_ms > CRON_LAST_MS {
+                    return Vec::new();
+                }
+                // Read from well before `after_ms`: from the first of two instants with one
+                // local time (clocks falling back), the cron crate goes on from the second and
+                // would skip the hour repeated. Within that hour it lists each local time's two
+                // instants in turn, so the listing is sorted here, and read a slack past
+                // `until_ms` (and past the most it keeps) so that no earlier instant is left.
+                let from = after_ms.saturating_sub(DST_SLACK_MS);
+                let Some(start) = Utc.timestamp_millis_opt(from as i64).single() else {
                     return Vec::new();
                 };
-                schedule
+                let stop = until_ms.saturating_add(DST_SLACK_MS);
+                let mut times: Vec<u64> = schedule
                     .after(&start.with_timezone(&zone))
                     .map(|t| t.timestamp_millis().max(0) as u64)
-                    .take_while(|t| *t <= until_ms)
-                    .take(MAX)
-                    .collect()
+                    .take_while(|t| *t <= stop)
+                    .filter(|t| *t > after_ms && *t <= until_ms)
+                    .take(2 * MAX)
+                    .collect();
+                times.sort_unstable();
+                times.dedup();
+                times.truncate(MAX);
+                times
             }
         }
     }
@@ -297,5 +324,81 @@ impl Producer {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utc_ms(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> u64 {
+        Utc.with_ymd_and_hms(y, mo, d, h, mi, 0)
+            .unwrap()
+            .timestamp_millis() as u64
+    }
+
+    fn berlin(expr: &str) -> Periodic {
+        Periodic::cron("p", expr, "Europe/Berlin", "t", serde_json::Value::Null).unwrap()
+    }
+
+    /// Berlin's clocks fall back at 01:00Z on 2026-10-25 (03:00 CEST is 02:00 CET): 02:00
+    /// local comes twice, at 00:00Z and 01:00Z. Listed from the first, the second still comes.
+    #[test]
+    fn a_cron_time_the_clocks_pass_twice_occurs_twice() {
+        let hourly = berlin("0 0 * * * *");
+        let from = utc_ms(2026, 10, 25, 0, 0);
+        let hour = 3_600_000;
+        assert_eq!(
+            hourly.occurrences(from, from + 3 * hour),
+            [from + hour, from + 2 * hour, from + 3 * hour]
+        );
+        assert_eq!(
+            hourly.occurrences(from - 2 * hour, from + hour),
+            [from - hour, from, from + hour]
+        );
+    }
+
+    /// The scheduler's rounds across the repeated hour: each lists from the last occurrence the
+    /// round before enqueued, up to a second ahead. Every minute comes once, in order, the
+    /// repeated hour's included.
+    #[test]
+    fn rounds_across_the_repeated_hour_list_every_minute_once() {
+        let every_minute = berlin("0 * * * * *");
+        let (start, end) = (utc_ms(2026, 10, 24, 23, 30), utc_ms(2026, 10, 25, 2, 30));
+        let mut last = start;
+        let mut listed = Vec::new();
+        let mut now = start;
+        while now < end {
+            now += 30_000;
+            let found = every_minute.occurrences(last, now + 1_000);
+            if let Some(&l) = found.last() {
+                last = l;
+            }
+            listed.extend(found);
+        }
+        let want: Vec<u64> = (1..=180).map(|m| start + m * 60_000).collect();
+        assert_eq!(listed, want);
+    }
+
+    /// Springing forward (2026-03-29, 02:00 CET is 03:00 CEST): 02:30 local never comes that
+    /// day, and the schedule goes on the next.
+    #[test]
+    fn a_cron_time_the_clocks_skip_does_not_occur() {
+        let half_past_two = berlin("0 30 2 * * *");
+        let from = utc_ms(2026, 3, 28, 12, 0);
+        assert_eq!(
+            half_past_two.occurrences(from, from + 2 * 86_400_000),
+            [utc_ms(2026, 3, 30, 0, 30)]
+        );
+    }
+
+    /// A listing from past the year 9999 (a corrupt `last` in Redis, say) is empty; it used to
+    /// panic near chrono's end.
+    #[test]
+    fn a_listing_from_the_far_future_is_empty() {
+        let hourly = berlin("0 0 * * * *");
+        for after in [CRON_LAST_MS + 1, 8_210_266_876_799_000, u64::MAX - 1] {
+            assert!(hourly.occurrences(after, u64::MAX).is_empty(), "{after}");
+        }
     }
 }
