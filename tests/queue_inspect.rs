@@ -91,6 +91,29 @@ fn get_and_list_read_every_shard_in_due_order() {
     inspection_on(&rt, &cfg);
 }
 
+/// Many tasks due in one millisecond (an `enqueue_many` of one due time) on two shards: a
+/// page's cursor names a task of one shard only, and the other goes on after its id among
+/// the tasks of that millisecond. Each is listed once. (The other shard used to step over
+/// those ids one by one, up to 10 000, then skip the rest of the millisecond.)
+#[test]
+fn a_listing_of_many_tasks_due_in_one_millisecond_lists_each_once() {
+    let Fixture {
+        server: _s, rt, p, ..
+    } = fixture("inspect-same", |cfg| cfg.shards = 2);
+    let due = now_ms() + 600_000;
+    let n = 24_000;
+    enqueue_all(
+        &rt,
+        &p,
+        "job",
+        (0..n).map(|i| (format!("t{i:05}"), due)).collect(),
+    );
+    let listed = list_all(&rt, &p, ListState::Scheduled, 5_000);
+    let unique: HashSet<&str> = listed.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(unique.len(), n, "listed {} of {n}", unique.len());
+    assert_eq!(listed.len(), n, "a task listed twice");
+}
+
 #[test]
 fn get_and_list_read_a_sharded_queue_on_a_redis_cluster() {
     let cluster = RedisCluster::start(3);

@@ -293,8 +293,8 @@ impl Producer {
     /// page's `next`), over every shard: scheduled tasks in due order and leased ones in lease
     /// order, merged across shards; dead letters shard by shard (a page that ends inside one
     /// `HSCAN` answer asks for it again, and steps over what it listed). A page reads at most `limit`
-    /// tasks per shard (and, for a cursor whose task has since been claimed, steps over at
-    /// most 10 000 tasks due in its millisecond). Tasks that move while a listing goes on
+    /// tasks per shard (a shard that does not hold the cursor's task finds where to go on by
+    /// a binary search among the tasks due in its millisecond). Tasks that move while a listing goes on
     /// may be listed twice or not at all, as with any `SCAN` (a leased task whose lease is
     /// renewed moves ahead of the cursor, and may come again).
     ///

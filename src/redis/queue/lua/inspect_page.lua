@@ -5,23 +5,13 @@
 -- the last one returned; absent envelopes and owners are ''.
 --
 -- Bounded: a cursor whose member is still in the ZSET continues from its rank (ZRANK). One
--- that has gone (claimed, acked) continues from the first member of its score, stepping over
--- those at that score not after its id; past 10 000 such steps it goes on from the next score.
+-- that is not (claimed or acked since, or on another shard of the queue, which shares the
+-- cursor) continues from the first member of its score whose id sorts after its id, found by
+-- a binary search over the ranks of that score's members (O(log^2 n)).
 
 local limit = tonumber(ARGV[3])
 local start = 0
 local score, after = ARGV[1], ARGV[2]
-local skip = false
-if after ~= '' then
-  local rank = redis.call('ZRANK', KEYS[1], after)
-  local at = rank and redis.call('ZSCORE', KEYS[1], after)
-  if rank and tonumber(at) == tonumber(score) then
-    start = rank + 1
-  else
-    start = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. score)
-    skip = true
-  end
-end
 
 -- Whether string `a` sorts after `b` byte by byte, as the ZSET orders equal scores.
 local function later(a, b)
@@ -33,33 +23,42 @@ local function later(a, b)
   return #a > #b
 end
 
+if after ~= '' then
+  local rank = redis.call('ZRANK', KEYS[1], after)
+  local at = rank and redis.call('ZSCORE', KEYS[1], after)
+  if rank and tonumber(at) == tonumber(score) then
+    start = rank + 1
+  else
+    -- The members of `score` hold ranks [lo, hi), in id order.
+    local lo = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. score)
+    local hi = redis.call('ZCOUNT', KEYS[1], '-inf', score)
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if later(redis.call('ZRANGE', KEYS[1], mid, mid)[1], after) then
+        hi = mid
+      else
+        lo = mid + 1
+      end
+    end
+    start = lo
+  end
+end
+
 local out = {'0'}
-local found, stepped = 0, 0
-local s = tonumber(score)
+local found = 0
 while found < limit do
-  local chunk = redis.call('ZRANGE', KEYS[1], start, start + limit - 1, 'WITHSCORES')
+  local chunk = redis.call('ZRANGE', KEYS[1], start, start + limit - found - 1, 'WITHSCORES')
   if #chunk == 0 then return out end
   for i = 1, #chunk, 2 do
     local id, sc = chunk[i], chunk[i + 1]
     start = start + 1
-    if skip and tonumber(sc) == s and not later(id, after) then
-      stepped = stepped + 1
-      if stepped >= 10000 then
-        start = redis.call('ZCOUNT', KEYS[1], '-inf', score)
-        skip = false
-        break
-      end
-    else
-      skip = false
-      found = found + 1
-      local env = redis.call('HGET', KEYS[2], id)
-      local owner = redis.call('HGET', KEYS[3], id)
-      out[#out + 1] = id
-      out[#out + 1] = sc
-      out[#out + 1] = env or ''
-      out[#out + 1] = owner or ''
-      if found == limit then break end
-    end
+    found = found + 1
+    local env = redis.call('HGET', KEYS[2], id)
+    local owner = redis.call('HGET', KEYS[3], id)
+    out[#out + 1] = id
+    out[#out + 1] = sc
+    out[#out + 1] = env or ''
+    out[#out + 1] = owner or ''
   end
 end
 out[1] = '1'
