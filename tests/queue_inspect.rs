@@ -114,6 +114,34 @@ fn a_listing_of_many_tasks_due_in_one_millisecond_lists_each_once() {
     assert_eq!(listed.len(), n, "a task listed twice");
 }
 
+/// Dead letters listed page by page while an operator requeues the first two of each page
+/// (here: removes them): every dead letter is listed. (A page's cursor counted the entries of
+/// its `HSCAN` answer it took: a removal before the next page shifted the rest, and one was
+/// never listed.)
+#[test]
+fn dead_letters_removed_between_pages_leave_none_unlisted() {
+    let Fixture { server, rt, p, .. } = fixture("inspect-dead", |_| {});
+    let record = r#"{"reason":"card declined","raw":"","at":1,"attempt":1}"#;
+    for i in 0..30 {
+        server.run(&["HSET", "{inspect-dead}:dead", &format!("d{i:02}"), record]);
+    }
+    let (mut cursor, mut seen) = (ListCursor::START, HashSet::new());
+    loop {
+        let page = rt.block_on(p.list(ListState::Dead, &cursor, 10)).unwrap();
+        for t in page.tasks.iter().take(2) {
+            server.run(&["HDEL", "{inspect-dead}:dead", &t.id]);
+        }
+        for t in page.tasks {
+            assert!(seen.insert(t.id.clone()), "{} listed twice", t.id);
+        }
+        match page.next {
+            Some(next) => cursor = ListCursor::parse(&next.to_string()).expect("a cursor"),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 30, "listed {seen:?}");
+}
+
 #[test]
 fn get_and_list_read_a_sharded_queue_on_a_redis_cluster() {
     let cluster = RedisCluster::start(3);

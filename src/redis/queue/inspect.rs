@@ -83,12 +83,15 @@ enum Position {
     Start,
     /// After (score, id) in a ZSET's order.
     After(String, String),
-    /// At `HSCAN` cursor `cursor` of shard `shard`, past the first `skip` entries that call
-    /// answers (a small hash is answered whole, whatever the `COUNT`).
+    /// At `HSCAN` cursor `cursor` of shard `shard`, from entry `next` of that call's answer (a
+    /// small hash is answered whole, whatever the `COUNT`), or past its first `skip` entries
+    /// if `next` is gone: a dead letter removed between two pages (requeued) shifts those after
+    /// it, and counting alone would step over one never listed.
     Scan {
         shard: u32,
         cursor: u64,
         skip: usize,
+        next: Option<Vec<u8>>,
     },
 }
 
@@ -111,10 +114,21 @@ impl ListCursor {
             )));
         }
         let mut parts = text.strip_prefix("scan:")?.split(':');
+        let (shard, cursor, skip) = (
+            parts.next()?.parse().ok()?,
+            parts.next()?.parse().ok()?,
+            parts.next()?.parse().ok()?,
+        );
+        // The id of the next entry, hex (any bytes, and nothing a shell splits).
+        let next = match parts.next() {
+            None => None,
+            Some(hex) => Some(from_hex(hex)?),
+        };
         let cursor = ListCursor(Position::Scan {
-            shard: parts.next()?.parse().ok()?,
-            cursor: parts.next()?.parse().ok()?,
-            skip: parts.next()?.parse().ok()?,
+            shard,
+            cursor,
+            skip,
+            next,
         });
         parts.next().is_none().then_some(cursor)
     }
@@ -129,7 +143,17 @@ impl fmt::Display for ListCursor {
                 shard,
                 cursor,
                 skip,
-            } => write!(f, "scan:{shard}:{cursor}:{skip}"),
+                next,
+            } => {
+                write!(f, "scan:{shard}:{cursor}:{skip}")?;
+                if let Some(id) = next {
+                    f.write_str(":")?;
+                    for b in id {
+                        write!(f, "{b:02x}")?;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -186,6 +210,17 @@ pub struct ShardStats {
 }
 
 /// Bytes as a string, lossily; scores and ids another client wrote need not be UTF-8.
+/// Bytes from lowercase or uppercase hex; `None` for anything else, or an odd length.
+fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -388,13 +423,14 @@ impl Producer {
     }
 
     async fn list_dead(&self, cursor: &ListCursor, limit: usize) -> Result<TaskPage, QueueError> {
-        let (mut shard, mut at, mut skip) = match cursor.0 {
-            Position::Start => (0u32, 0u64, 0usize),
+        let (mut shard, mut at, mut skip, mut next_id) = match &cursor.0 {
+            Position::Start => (0u32, 0u64, 0usize, None),
             Position::Scan {
                 shard,
                 cursor,
                 skip,
-            } => (shard, cursor, skip),
+                next,
+            } => (*shard, *cursor, *skip, next.clone()),
             Position::After(..) => {
                 return Err(QueueError::Config(
                     "a scheduled or leased cursor lists those states",
@@ -414,10 +450,17 @@ impl Producer {
                 .query_async(&mut conn)
                 .await?;
             // HSCAN may answer more than COUNT (a small hash whole): take what fits, and the
-            // next page asks the same again and steps over what this one took.
+            // next page asks the same again and goes on from the first entry it did not take
+            // (or, if that one is gone, past as many entries as this one took).
             let answered = flat.len();
+            if let Some(id) = next_id.take() {
+                if let Some(i) = flat.iter().position(|(k, _)| *k == id) {
+                    skip = i;
+                }
+            }
             let room = limit - tasks.len();
             let took = answered.saturating_sub(skip).min(room);
+            let following = flat.get(skip + took).map(|(k, _)| k.clone());
             for (id, record) in flat.into_iter().skip(skip).take(took) {
                 let d = parse_dead(text(&id), &text(&record));
                 let mut task = info(
@@ -434,6 +477,7 @@ impl Producer {
             }
             if skip + took < answered {
                 skip += took;
+                next_id = following;
                 break;
             }
             skip = 0;
@@ -448,6 +492,7 @@ impl Producer {
             shard,
             cursor: at,
             skip,
+            next: next_id,
         }));
         Ok(TaskPage { tasks, next })
     }
