@@ -79,7 +79,12 @@ async fn run(producer: Producer, mut stopped: watch::Receiver<bool>) {
     loop {
         if read_at.is_none_or(|at| at.elapsed() >= REREAD) {
             match producer.periodics().await {
-                Ok(s) => schedules = s,
+                Ok(s) => {
+                    schedules = s;
+                    // A schedule removed and later added again starts afresh, not from a
+                    // round of days ago.
+                    ok_since.retain(|name, _| schedules.iter().any(|p| p.name == *name));
+                }
                 Err(e) => tracing::warn!(error = %e, "scheduler: could not read the schedules"),
             }
             read_at = Some(tokio::time::Instant::now());
@@ -88,9 +93,14 @@ async fn run(producer: Producer, mut stopped: watch::Receiver<bool>) {
         for p in &schedules {
             let began = now_ms();
             match tick(&producer, p, ok_since.get(&p.name).copied()).await {
-                Ok(soonest) => {
+                Ok((soonest, caught_up)) => {
                     next = next.min(soonest);
-                    ok_since.insert(p.name.clone(), began);
+                    // A round that listed its most (after an outage longer than that many
+                    // periods) leaves the rest to the next: they fell while this scheduler
+                    // ran too, and are not missed.
+                    if caught_up {
+                        ok_since.insert(p.name.clone(), began);
+                    }
                 }
                 Err(e) => tracing::warn!(name = %p.name, error = %e, "scheduler: round failed"),
             }
@@ -123,8 +133,13 @@ pub(crate) fn select(occurrences: &[u64], missed_before: u64, policy: CatchUp) -
 
 /// One schedule's round: enqueues its occurrences after the last one recorded, up to `AHEAD`
 /// from now, then records the last. `ok_since`: when this scheduler's last round of it that
-/// reached Redis began. Returns its next occurrence after that.
-async fn tick(producer: &Producer, p: &Periodic, ok_since: Option<u64>) -> Result<u64, QueueError> {
+/// reached Redis began (and caught up). Returns its next occurrence after that, and whether
+/// it caught up (listed fewer than the most a round lists).
+async fn tick(
+    producer: &Producer,
+    p: &Periodic,
+    ok_since: Option<u64>,
+) -> Result<(u64, bool), QueueError> {
     let now = now_ms();
     let last = last_enqueued(producer, &p.name).await?;
     // Missed: due more than a second ago, before this scheduler's last good round.
@@ -139,6 +154,7 @@ async fn tick(producer: &Producer, p: &Periodic, ok_since: Option<u64>) -> Resul
     let record = |latest: u64| {
         let mut inv = scripts::PERIODIC_ADVANCE.prepare_invoke();
         inv.key(producer.shards[0].periodic_last())
+            .key(producer.shards[0].periodic())
             .arg(&p.name)
             .arg(latest);
         inv
@@ -149,19 +165,22 @@ async fn tick(producer: &Producer, p: &Periodic, ok_since: Option<u64>) -> Resul
             // ones the policy keeps, which come from the newest end. Step over them unrun; the
             // next round, at once, goes on from there.
             producer.conn.run::<String>(&record(latest)).await?;
-            return Ok(now);
+            return Ok((now, false));
         }
     }
+    let caught_up = occurrences.len() < OCCURRENCES_MAX;
     for occurrence in select(&occurrences, missed_before, p.catch_up) {
         enqueue(producer, p, occurrence).await?;
     }
     if let Some(&latest) = occurrences.last() {
         producer.conn.run::<String>(&record(latest)).await?;
     }
-    Ok(p.occurrences(until, until + 366 * 86_400_000)
+    let soonest = p
+        .occurrences(until, until + 366 * 86_400_000)
         .first()
         .copied()
-        .unwrap_or(u64::MAX))
+        .unwrap_or(u64::MAX);
+    Ok((soonest, caught_up))
 }
 
 async fn last_enqueued(producer: &Producer, name: &str) -> Result<Option<u64>, QueueError> {

@@ -1277,4 +1277,43 @@ mod tests {
             .unwrap();
         assert_eq!((stored, bad, good), (0, false, true));
     }
+
+    /// A round that read a schedule before its removal records nothing after it: the removal
+    /// deletes the schedule's last occurrence too, and a record brought back would make the
+    /// schedule, added again later, go on from there.
+    #[cfg(feature = "periodic")]
+    #[test]
+    fn a_removed_schedule_is_not_recorded_again() {
+        let (_server, mut conn) = redis();
+        let k = KeyLayout::new("periodic-gone").unwrap();
+        let advance = |conn: &mut redis::Connection, at: u64| -> String {
+            PERIODIC_ADVANCE
+                .key(k.periodic_last())
+                .key(k.periodic())
+                .arg("p")
+                .arg(at)
+                .invoke(conn)
+                .unwrap()
+        };
+        redis::cmd("HSET")
+            .arg(k.periodic())
+            .arg("p")
+            .arg("{}")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(advance(&mut conn, 100), "100");
+        assert_eq!(advance(&mut conn, 50), "100", "never moved back");
+        redis::pipe()
+            .hdel(k.periodic(), "p")
+            .hdel(k.periodic_last(), "p")
+            .query::<()>(&mut conn)
+            .unwrap();
+        assert_eq!(advance(&mut conn, 200), "");
+        let last: Option<String> = redis::cmd("HGET")
+            .arg(k.periodic_last())
+            .arg("p")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(last, None);
+    }
 }
