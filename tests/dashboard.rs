@@ -65,6 +65,33 @@ fn browse(url: &str, args: &[&str]) -> String {
 
 struct Served(Child);
 
+/// `delaywheel <global> dashboard --listen <a free loopback port> <args>` against `url`, once
+/// it listens; and the address.
+fn serve(url: &str, global: &[&str], args: &[&str]) -> (Served, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let served = Served(
+        Command::new(env!("CARGO_BIN_EXE_delaywheel"))
+            .env("DELAYWHEEL_REDIS_URL", url)
+            .args(global)
+            .args(["dashboard", "--listen", &listen])
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    while std::net::TcpStream::connect(&listen).is_err() {
+        assert!(start.elapsed() < PATIENCE, "the dashboard never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (served, listen)
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -128,34 +155,11 @@ fn the_dashboard_shows_a_filled_queue_and_its_refreshes_change_the_figures() {
     );
     enqueue_all(&rt, &p, "email", vec![("overdue".into(), now - 5_000)]);
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let _served = Served(
-        Command::new(env!("CARGO_BIN_EXE_delaywheel"))
-            .env("DELAYWHEEL_REDIS_URL", server.url())
-            .args([
-                "--namespace",
-                "dash",
-                "--shards",
-                "2",
-                "dashboard",
-                "--listen",
-                &listen,
-            ])
-            .args(["--refresh", "0.2"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (_served, listen) = serve(
+        &server.url(),
+        &["--namespace", "dash", "--shards", "2"],
+        &["--refresh", "0.2"],
     );
-    let start = Instant::now();
-    while std::net::TcpStream::connect(&listen).is_err() {
-        assert!(start.elapsed() < PATIENCE, "the dashboard never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     // More tasks arrive while the browser watches.
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = {
@@ -182,6 +186,7 @@ fn the_dashboard_shows_a_filled_queue_and_its_refreshes_change_the_figures() {
     let url = format!("http://{listen}/");
     // Virtual time: 3 s of the page's clock, waiting for each fetch in real time.
     let dom = browse(&url, &["--dump-dom", "--virtual-time-budget=3000"]);
+    let port = listen.rsplit(':').next().unwrap();
     let shot = std::env::temp_dir().join(format!("delaywheel-dashboard-{port}.png"));
     browse(
         &url,
@@ -286,25 +291,8 @@ fn status_for_host(listen: &str, path: &str, host: &str) -> String {
 #[test]
 fn the_dashboard_refuses_a_request_for_another_host() {
     let Fixture { server, .. } = fixture("rebind", |_| {});
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let _served = Served(
-        Command::new(env!("CARGO_BIN_EXE_delaywheel"))
-            .env("DELAYWHEEL_REDIS_URL", server.url())
-            .args(["--namespace", "rebind", "dashboard", "--listen", &listen])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let start = Instant::now();
-    while std::net::TcpStream::connect(&listen).is_err() {
-        assert!(start.elapsed() < PATIENCE, "the dashboard never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (_served, listen) = serve(&server.url(), &["--namespace", "rebind"], &[]);
+    let port = listen.rsplit(':').next().unwrap();
     for host in [
         format!("127.0.0.1:{port}"),
         format!("localhost:{port}"),

@@ -181,6 +181,17 @@ mod tests {
             .unwrap();
     }
 
+    /// Queues each of `ids` due at 0 (so due now), with the envelope `{}`.
+    fn queue_due_now(conn: &mut redis::Connection, k: &KeyLayout, ids: &[&str]) {
+        for id in ids {
+            redis::pipe()
+                .zadd(k.due(), *id, 0)
+                .hset(k.tasks(), *id, "{}")
+                .query::<()>(conn)
+                .unwrap();
+        }
+    }
+
     /// Runs REAP on `k` with `max` lease expiries: (requeued, dead-lettered).
     fn reap(conn: &mut redis::Connection, k: &KeyLayout, max: u32) -> (u64, u64) {
         let (requeued, dead, bad) = reap_reply(conn, k, max);
@@ -289,18 +300,9 @@ mod tests {
     fn an_ack_of_several_runs_answers_each_task_in_order() {
         let (_server, mut conn) = redis();
         let k = KeyLayout::new("runs").unwrap();
-        let enqueue = |conn: &mut redis::Connection, id: &str| {
-            redis::pipe()
-                .zadd(k.due(), id, 0)
-                .hset(k.tasks(), id, "{}")
-                .query::<()>(conn)
-                .unwrap();
-        };
-        enqueue(&mut conn, "t1");
-        enqueue(&mut conn, "t2");
+        queue_due_now(&mut conn, &k, &["t1", "t2"]);
         let first = claim(&mut conn, &k, 60_000);
-        enqueue(&mut conn, "t3");
-        enqueue(&mut conn, "t4");
+        queue_due_now(&mut conn, &k, &["t3", "t4"]);
         let second = claim(&mut conn, &k, 60_000);
         let (a, b) = (first[0].1.clone(), second[0].1.clone());
         assert_ne!(a, b, "two claims, two owners");
@@ -350,13 +352,7 @@ mod tests {
     fn an_outcome_sent_again_reads_as_landed_not_refused() {
         let (_server, mut conn) = redis();
         let k = KeyLayout::new("resent").unwrap();
-        for id in ["a", "r", "d", "late"] {
-            redis::pipe()
-                .zadd(k.due(), id, 0)
-                .hset(k.tasks(), id, "{}")
-                .query::<()>(&mut conn)
-                .unwrap();
-        }
+        queue_due_now(&mut conn, &k, &["a", "r", "d", "late"]);
         let claimed: std::collections::HashMap<String, String> =
             claim(&mut conn, &k, 60_000).into_iter().collect();
         assert_eq!(claimed.len(), 4);
@@ -1134,11 +1130,7 @@ mod tests {
     fn an_enqueue_many_that_fails_part_way_leaves_a_replaced_task_leased() {
         let (_server, mut conn) = redis();
         let k = KeyLayout::new("replace-fail").unwrap();
-        redis::pipe()
-            .zadd(k.due(), "x", 0)
-            .hset(k.tasks(), "x", "{}")
-            .query::<()>(&mut conn)
-            .unwrap();
+        queue_due_now(&mut conn, &k, &["x"]);
         let held = claim(&mut conn, &k, 60_000);
         assert_eq!(held.len(), 1);
         let failed: redis::RedisResult<Vec<u8>> = ENQUEUE_MANY
@@ -1159,29 +1151,17 @@ mod tests {
             .arg("{}")
             .invoke(&mut conn);
         assert!(failed.is_err(), "a due that is not a number fails the call");
-        let lease: Option<f64> = redis::cmd("ZSCORE")
-            .arg(k.lease())
-            .arg("x")
-            .query(&mut conn)
-            .unwrap();
-        let owner: Option<String> = redis::cmd("HGET")
-            .arg(k.owner())
-            .arg("x")
-            .query(&mut conn)
-            .unwrap();
-        let envelope: Option<String> = redis::cmd("HGET")
-            .arg(k.tasks())
-            .arg("x")
-            .query(&mut conn)
-            .unwrap();
+        let (lease, owner, envelope, y): (Option<f64>, Option<String>, Option<String>, bool) =
+            redis::pipe()
+                .zscore(k.lease(), "x")
+                .hget(k.owner(), "x")
+                .hget(k.tasks(), "x")
+                .hexists(k.tasks(), "y")
+                .query(&mut conn)
+                .unwrap();
         assert!(lease.is_some(), "x keeps its lease");
         assert_eq!(owner.as_deref(), Some(held[0].1.as_str()));
         assert_eq!(envelope.as_deref(), Some("{}"), "and its envelope");
-        let y: bool = redis::cmd("HEXISTS")
-            .arg(k.tasks())
-            .arg("y")
-            .query(&mut conn)
-            .unwrap();
         assert!(!y, "nothing of the call written");
     }
 
@@ -1191,11 +1171,7 @@ mod tests {
     fn a_cancel_answers_whether_a_task_was_queued_or_leased() {
         let (_server, mut conn) = redis();
         let k = KeyLayout::new("cancel-answer").unwrap();
-        redis::pipe()
-            .zadd(k.due(), "leased", 0)
-            .hset(k.tasks(), "leased", "{}")
-            .query::<()>(&mut conn)
-            .unwrap();
+        queue_due_now(&mut conn, &k, &["leased"]);
         assert_eq!(claim(&mut conn, &k, 60_000).len(), 1);
         redis::pipe()
             .zadd(k.due(), "queued", i64::MAX / 2)
@@ -1238,13 +1214,7 @@ mod tests {
     fn an_ack_with_a_window_redis_refuses_still_removes_its_tasks() {
         let (_server, mut conn) = redis();
         let k = KeyLayout::new("bad-window").unwrap();
-        for id in ["t1", "t2"] {
-            redis::pipe()
-                .zadd(k.due(), id, 0)
-                .hset(k.tasks(), id, "{}")
-                .query::<()>(&mut conn)
-                .unwrap();
-        }
+        queue_due_now(&mut conn, &k, &["t1", "t2"]);
         let held = claim(&mut conn, &k, 60_000);
         assert_eq!(held.len(), 2);
         let owner = &held[0].1;
