@@ -285,18 +285,28 @@ fn status_for_host(listen: &str, path: &str, host: &str) -> String {
     reply.split_whitespace().nth(1).unwrap_or("").to_string()
 }
 
-/// On loopback the dashboard answers only requests for a loopback host: a page elsewhere that
-/// points its own name at 127.0.0.1 (DNS rebinding) sends that name, and must not read the
-/// queue's ids and dead letters.
+/// On loopback the dashboard answers only requests for a loopback host, on any port (an SSH
+/// tunnel or a port mapping changes it), or for one given with `--allow-host` (a reverse
+/// proxy's): a page elsewhere that points its own name at 127.0.0.1 (DNS rebinding) sends that
+/// name, and must not read the queue's ids and dead letters.
 #[test]
 fn the_dashboard_refuses_a_request_for_another_host() {
     let Fixture { server, .. } = fixture("rebind", |_| {});
-    let (_served, listen) = serve(&server.url(), &["--namespace", "rebind"], &[]);
+    let (_served, listen) = serve(
+        &server.url(),
+        &["--namespace", "rebind"],
+        &["--allow-host", "Queue.Example.com"],
+    );
     let port = listen.rsplit(':').next().unwrap();
     for host in [
         format!("127.0.0.1:{port}"),
         format!("localhost:{port}"),
-        format!("LocalHost:{port}"),
+        "LocalHost:9000".to_string(),
+        "localhost.".to_string(),
+        "dash.localhost:8080".to_string(),
+        "[::1]:9000".to_string(),
+        "queue.example.com".to_string(),
+        "queue.example.com:443".to_string(),
     ] {
         assert_eq!(
             status_for_host(&listen, "/api/stats", &host),
@@ -307,8 +317,8 @@ fn the_dashboard_refuses_a_request_for_another_host() {
     for host in [
         format!("attacker.example:{port}"),
         format!("127.0.0.1.attacker.example:{port}"),
-        "127.0.0.1:1".to_string(),
-        "localhost".to_string(),
+        "localhost.attacker.example".to_string(),
+        "example.com".to_string(),
     ] {
         assert_eq!(
             status_for_host(&listen, "/api/stats", &host),

@@ -89,42 +89,56 @@ fn respond(status: StatusCode, kind: &str, body: impl Into<Bytes>) -> Response<F
     r
 }
 
-/// Whether a request to the dashboard listening on `addr` may be answered: on a loopback
-/// address, only one naming a loopback host (`localhost`, `127.0.0.1`, `[::1]`) and the port
-/// it listens on. A page elsewhere that points a name of its own at 127.0.0.1 (DNS rebinding)
-/// sends its own name as the host, and is refused: the browser would otherwise let it read the
-/// queue's ids and dead letters. On another address (behind a proxy), any host.
-fn host_allowed(host: Option<&str>, addr: SocketAddr) -> bool {
-    if !addr.ip().is_loopback() {
-        return true;
+/// The hosts the dashboard answers for. On a loopback address, a request must name a
+/// loopback host (`localhost`, `*.localhost`, `127.0.0.1`, `[::1]`, any port: an SSH tunnel or
+/// a port mapping changes it) or one given with `--allow-host` (the name a reverse proxy
+/// forwards): a page elsewhere that points a name of its own at 127.0.0.1 (DNS rebinding)
+/// sends that name, and is refused, where the browser would let it read the queue's ids and
+/// dead letters. On another address, any host.
+struct Hosts {
+    any: bool,
+    allowed: Vec<String>,
+}
+
+impl Hosts {
+    fn new(addr: SocketAddr, allowed: &[String]) -> Hosts {
+        Hosts {
+            any: !addr.ip().is_loopback(),
+            allowed: allowed
+                .iter()
+                .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+                .collect(),
+        }
     }
-    let Some(host) = host else {
-        return false;
-    };
-    let (name, port) = match host.strip_prefix('[') {
-        Some(rest) => match rest.split_once(']') {
-            Some((ip, tail)) => (ip, tail.strip_prefix(':')),
-            None => return false,
-        },
-        None => match host.split_once(':') {
-            Some((name, port)) => (name, Some(port)),
-            None => (host, None),
-        },
-    };
-    let port_ok = match port {
-        Some(p) => p.parse::<u16>() == Ok(addr.port()),
-        None => addr.port() == 80,
-    };
-    let loopback = name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    port_ok && loopback
+
+    /// Whether a request naming `host` (its Host header) may be answered.
+    fn allow(&self, host: Option<&str>) -> bool {
+        if self.any {
+            return true;
+        }
+        let Some(host) = host else {
+            return false;
+        };
+        let name = match host.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((ip, _)) => ip,
+                None => return false,
+            },
+            None => host.split_once(':').map_or(host, |(name, _)| name),
+        };
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        name == "localhost"
+            || name.ends_with(".localhost")
+            || name
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+            || self.allowed.contains(&name)
+    }
 }
 
 async fn route(
     req: Request<Incoming>,
-    addr: SocketAddr,
+    hosts: Arc<Hosts>,
     p: Arc<Producer>,
     namespace: Arc<str>,
     refresh: Duration,
@@ -134,11 +148,11 @@ async fn route(
         .headers()
         .get(hyper::header::HOST)
         .and_then(|h| h.to_str().ok());
-    if !host_allowed(host, addr) {
+    if !hosts.allow(host) {
         return Ok(respond(
             StatusCode::FORBIDDEN,
             "text/plain",
-            "this dashboard answers only requests for its loopback address\n",
+            "this dashboard answers only requests for a loopback host or an --allow-host\n",
         ));
     }
     if req.method() != Method::GET {
@@ -163,13 +177,15 @@ async fn route(
 }
 
 /// Serves the dashboard on `listen` until the process is stopped, its census reading at most
-/// `census_rate` tasks a second.
+/// `census_rate` tasks a second, answering requests for a loopback host or one of
+/// `allow_hosts` (see [`Hosts`]).
 pub(crate) async fn serve(
     p: Producer,
     namespace: &str,
     listen: SocketAddr,
     refresh: Duration,
     census_rate: u64,
+    allow_hosts: &[String],
 ) -> Exit {
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(l) => l,
@@ -179,6 +195,7 @@ pub(crate) async fn serve(
     println!("dashboard of {namespace:?} at http://{addr}/ (read-only; Ctrl-C stops it)");
     let (p, namespace) = (Arc::new(p), Arc::<str>::from(namespace));
     let last = Arc::new(Mutex::new(None));
+    let hosts = Arc::new(Hosts::new(addr, allow_hosts));
     tokio::spawn(census::run(p.clone(), census_rate, refresh, last.clone()));
     loop {
         let stream = match listener.accept().await {
@@ -190,12 +207,13 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let (p, namespace, last) = (p.clone(), namespace.clone(), last.clone());
+        let (p, namespace, last, hosts) =
+            (p.clone(), namespace.clone(), last.clone(), hosts.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 route(
                     req,
-                    addr,
+                    hosts.clone(),
                     p.clone(),
                     namespace.clone(),
                     refresh,

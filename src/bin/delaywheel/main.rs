@@ -94,8 +94,9 @@ enum Command {
     /// Serves a read-only page of the queue (shards, topics, a census of each topic's
     /// queued, leased and dead tasks, a chart of the last minutes, the dead letters) that
     /// refreshes itself. It binds to loopback by default, and there answers only requests
-    /// for a loopback host (not a page that points its own name at 127.0.0.1): to reach it
-    /// from elsewhere, put it behind a reverse proxy that authenticates (it has no login).
+    /// for a loopback host (not a page that points its own name at 127.0.0.1) or an
+    /// --allow-host: to reach it from elsewhere, put it behind a reverse proxy that
+    /// authenticates (it has no login), and allow the host name the proxy forwards.
     Dashboard {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8077")]
@@ -107,6 +108,10 @@ enum Command {
         /// queue to count each topic's queued, leased and dead tasks).
         #[arg(long, default_value_t = 10_000)]
         census_rate: u64,
+        /// A host name, besides loopback ones, that requests may name (the one a reverse
+        /// proxy forwards); repeat for several.
+        #[arg(long = "allow-host")]
+        allow_host: Vec<String>,
     },
 }
 
@@ -176,6 +181,7 @@ async fn run(cli: Cli) -> Exit {
         listen,
         refresh,
         census_rate,
+        allow_host,
     } = cli.command
     {
         if !(0.1..=3600.0).contains(&refresh) {
@@ -187,7 +193,15 @@ async fn run(cli: Cli) -> Exit {
             return Exit::Usage;
         }
         let every = std::time::Duration::from_secs_f64(refresh);
-        return dashboard::serve(producer, &cli.namespace, listen, every, census_rate).await;
+        return dashboard::serve(
+            producer,
+            &cli.namespace,
+            listen,
+            every,
+            census_rate,
+            &allow_host,
+        )
+        .await;
     }
     commands::run(&producer, cli.command, cli.json).await
 }

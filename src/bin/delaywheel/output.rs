@@ -115,7 +115,8 @@ pub(crate) fn print_page(page: &TaskPage, json_out: bool) {
         );
     }
     match next {
-        Some(n) => println!("next: --cursor {n}"),
+        // A scheduled or leased cursor holds the last task's id as it is.
+        Some(n) => println!("next: --cursor {}", shown(&n)),
         None => println!("(end)"),
     }
 }

@@ -106,8 +106,8 @@ impl ListCursor {
         }
         if let Some(rest) = text.strip_prefix("after:") {
             let (score, id) = rest.split_once(':')?;
-            // A due time: finite (Rust reads `NaN` and `inf`, which Redis refuses).
-            score.parse::<f64>().ok().filter(|s| s.is_finite())?;
+            // A score as Redis reads one: a number or an infinity, not `NaN` (which Rust reads).
+            score.parse::<f64>().ok().filter(|s| !s.is_nan())?;
             return Some(ListCursor(Position::After(
                 score.to_string(),
                 id.to_string(),
@@ -212,7 +212,8 @@ pub struct ShardStats {
 /// Bytes as a string, lossily; scores and ids another client wrote need not be UTF-8.
 /// Bytes from lowercase or uppercase hex; `None` for anything else, or an odd length.
 fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
+    if hex.is_empty() || !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit())
+    {
         return None;
     }
     (0..hex.len())
