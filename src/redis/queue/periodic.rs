@@ -127,6 +127,29 @@ const DST_SLACK_MS: u64 = 3 * 3_600_000;
 /// end (year 262 143) the cron crate's step past its start overflows, and panics.
 const CRON_LAST_MS: u64 = 253_402_300_799_999;
 
+/// Where a cron listing of (`after_ms`, `until_ms`] reads from and to, and whether that is
+/// wider than the span: [`DST_SLACK_MS`] on each side when the zone's clocks may change near
+/// it (their offset differs across the widened span, or the span is longer than an hour,
+/// where two changes could cancel out), else the span itself (a scheduler's round: a second).
+fn cron_span(zone: &chrono_tz::Tz, after_ms: u64, until_ms: u64) -> (u64, u64, bool) {
+    use chrono::Offset;
+    let (from, stop) = (
+        after_ms.saturating_sub(DST_SLACK_MS),
+        until_ms.saturating_add(DST_SLACK_MS),
+    );
+    let offset = |ms: u64| {
+        Utc.timestamp_millis_opt(i64::try_from(ms).ok()?)
+            .single()
+            .map(|t| zone.offset_from_utc_datetime(&t.naive_utc()).fix())
+    };
+    let short = until_ms.saturating_sub(after_ms) <= 3_600_000;
+    if short && offset(from).is_some() && offset(from) == offset(stop) {
+        (after_ms, until_ms, false)
+    } else {
+        (from, stop, true)
+    }
+}
+
 fn check_name(name: &str) -> Result<(), PeriodicError> {
     if name.is_empty() || name.contains(':') {
         return Err(PeriodicError::Name(name.to_owned()));
@@ -229,11 +252,10 @@ impl Periodic {
                 // would skip the hour repeated. Within that hour it lists each local time's two
                 // instants in turn, so the listing is sorted here, and read a slack past
                 // `until_ms` (and past the most it keeps) so that no earlier instant is left.
-                let from = after_ms.saturating_sub(DST_SLACK_MS);
+                let (from, stop, _) = cron_span(&zone, after_ms, until_ms);
                 let Some(start) = Utc.timestamp_millis_opt(from as i64).single() else {
                     return Vec::new();
                 };
-                let stop = until_ms.saturating_add(DST_SLACK_MS);
                 let mut times: Vec<u64> = schedule
                     .after(&start.with_timezone(&zone))
                     .map(|t| t.timestamp_millis().max(0) as u64)
@@ -245,6 +267,43 @@ impl Periodic {
                 times.dedup();
                 times.truncate(MAX);
                 times
+            }
+        }
+    }
+
+    /// Its first occurrence after `after_ms`, if any (as [`occurrences`](Self::occurrences)
+    /// would list it first, without listing the rest).
+    pub(crate) fn next_after(&self, after_ms: u64) -> Option<u64> {
+        match &self.every {
+            Every::Interval { ms } => {
+                let ms = (*ms).max(1);
+                (after_ms / ms).checked_add(1)?.checked_mul(ms)
+            }
+            Every::Cron { expr, tz } => {
+                let (schedule, zone) = parse_cron(expr, tz).ok()?;
+                if after_ms > CRON_LAST_MS {
+                    return None;
+                }
+                let (from, _, slack) = cron_span(&zone, after_ms, after_ms);
+                let start = Utc.timestamp_millis_opt(from as i64).single()?;
+                let mut times = schedule
+                    .after(&start.with_timezone(&zone))
+                    .map(|t| t.timestamp_millis().max(0) as u64);
+                if !slack {
+                    return times.find(|t| *t > after_ms);
+                }
+                // Near a clock change the crate's order is not time order for up to the
+                // slack: the earliest after `after_ms` is known once one comes a slack later.
+                let mut best: Option<u64> = None;
+                for t in times.take(4 * OCCURRENCES_MAX) {
+                    if best.is_some_and(|b| t > b.saturating_add(DST_SLACK_MS)) {
+                        break;
+                    }
+                    if t > after_ms && best.is_none_or(|b| t < b) {
+                        best = Some(t);
+                    }
+                }
+                best
             }
         }
     }
@@ -390,6 +449,33 @@ mod tests {
             half_past_two.occurrences(from, from + 2 * 86_400_000),
             [utc_ms(2026, 3, 30, 0, 30)]
         );
+    }
+
+    /// The next occurrence, as a listing would give it first: across the repeated hour too.
+    #[test]
+    fn the_next_occurrence_is_a_listings_first() {
+        let hourly = berlin("0 0 * * * *");
+        let hour = 3_600_000;
+        for from in [
+            utc_ms(2026, 10, 24, 22, 0),
+            utc_ms(2026, 10, 25, 0, 0),
+            utc_ms(2026, 10, 25, 0, 30),
+            utc_ms(2026, 7, 1, 12, 0),
+        ] {
+            assert_eq!(
+                hourly.next_after(from),
+                hourly.occurrences(from, from + 2 * hour).first().copied(),
+                "after {from}"
+            );
+        }
+        assert_eq!(
+            hourly.next_after(utc_ms(2026, 10, 25, 0, 0)),
+            Some(utc_ms(2026, 10, 25, 1, 0))
+        );
+        let every =
+            Periodic::interval("i", Duration::from_secs(5), "t", serde_json::Value::Null).unwrap();
+        assert_eq!(every.next_after(12_000), Some(15_000));
+        assert_eq!(every.next_after(u64::MAX - 1), None);
     }
 
     /// A listing from past the year 9999 (a corrupt `last` in Redis, say) is empty; it used to

@@ -175,11 +175,7 @@ async fn tick(
     if let Some(&latest) = occurrences.last() {
         producer.conn.run::<String>(&record(latest)).await?;
     }
-    let soonest = p
-        .occurrences(until, until + 366 * 86_400_000)
-        .first()
-        .copied()
-        .unwrap_or(u64::MAX);
+    let soonest = p.next_after(until).unwrap_or(u64::MAX);
     Ok((soonest, caught_up))
 }
 

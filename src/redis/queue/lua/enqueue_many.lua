@@ -20,6 +20,8 @@ local dues, envelopes, ids, stored_here, n = {}, {}, {}, {}, 0
 local taken, r = {}, 0
 for i = 5, #ARGV, 3 do
   local id, due, envelope = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local d = tonumber(due)
+  if d == nil or d ~= d then return redis.error_reply('due is not a number: ' .. due) end
   local pending
   if stored_here[id] then
     pending = true
@@ -40,8 +42,6 @@ for i = 5, #ARGV, 3 do
     envelopes[2 * n - 1], envelopes[2 * n] = id, envelope
     ids[n] = id
     out[(i - 2) / 3] = 1
-    local d = tonumber(due)
-    if d == nil then return redis.error_reply('due is not a number: ' .. due) end
     if earliest == nil or d < earliest then
       earliest, earliest_text = d, due
     end
