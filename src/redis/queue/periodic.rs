@@ -150,6 +150,28 @@ fn cron_span(zone: &chrono_tz::Tz, after_ms: u64, until_ms: u64) -> (u64, u64, b
     }
 }
 
+/// The instants (ms) of cron schedule `expr` in zone `tz` from where a listing of
+/// (`after_ms`, `until_ms`] reads (see [`cron_span`]), with where it may stop and whether the
+/// read is widened (its instants then not in time order near a clock change); `None` for a
+/// schedule that no longer parses, or a listing from past [`CRON_LAST_MS`].
+fn cron_times(
+    expr: &str,
+    tz: &str,
+    after_ms: u64,
+    until_ms: u64,
+) -> Option<(impl Iterator<Item = u64>, u64, bool)> {
+    let (schedule, zone) = parse_cron(expr, tz).ok()?;
+    if after_ms > CRON_LAST_MS {
+        return None;
+    }
+    let (from, stop, slack) = cron_span(&zone, after_ms, until_ms);
+    let start = Utc.timestamp_millis_opt(from as i64).single()?;
+    let times = schedule
+        .after_owned(start.with_timezone(&zone))
+        .map(|t| t.timestamp_millis().max(0) as u64);
+    Some((times, stop, slack))
+}
+
 fn check_name(name: &str) -> Result<(), PeriodicError> {
     if name.is_empty() || name.contains(':') {
         return Err(PeriodicError::Name(name.to_owned()));
@@ -241,24 +263,15 @@ impl Periodic {
                     .collect()
             }
             Every::Cron { expr, tz } => {
-                let Ok((schedule, zone)) = parse_cron(expr, tz) else {
-                    return Vec::new();
-                };
-                if after_ms > CRON_LAST_MS {
-                    return Vec::new();
-                }
                 // Read from well before `after_ms`: from the first of two instants with one
                 // local time (clocks falling back), the cron crate goes on from the second and
                 // would skip the hour repeated. Within that hour it lists each local time's two
                 // instants in turn, so the listing is sorted here, and read a slack past
                 // `until_ms` (and past the most it keeps) so that no earlier instant is left.
-                let (from, stop, _) = cron_span(&zone, after_ms, until_ms);
-                let Some(start) = Utc.timestamp_millis_opt(from as i64).single() else {
+                let Some((times, stop, _)) = cron_times(expr, tz, after_ms, until_ms) else {
                     return Vec::new();
                 };
-                let mut times: Vec<u64> = schedule
-                    .after(&start.with_timezone(&zone))
-                    .map(|t| t.timestamp_millis().max(0) as u64)
+                let mut times: Vec<u64> = times
                     .take_while(|t| *t <= stop)
                     .filter(|t| *t > after_ms && *t <= until_ms)
                     .take(2 * MAX)
@@ -280,15 +293,7 @@ impl Periodic {
                 (after_ms / ms).checked_add(1)?.checked_mul(ms)
             }
             Every::Cron { expr, tz } => {
-                let (schedule, zone) = parse_cron(expr, tz).ok()?;
-                if after_ms > CRON_LAST_MS {
-                    return None;
-                }
-                let (from, _, slack) = cron_span(&zone, after_ms, after_ms);
-                let start = Utc.timestamp_millis_opt(from as i64).single()?;
-                let mut times = schedule
-                    .after(&start.with_timezone(&zone))
-                    .map(|t| t.timestamp_millis().max(0) as u64);
+                let (mut times, _, slack) = cron_times(expr, tz, after_ms, after_ms)?;
                 if !slack {
                     return times.find(|t| *t > after_ms);
                 }
