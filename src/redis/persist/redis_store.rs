@@ -735,8 +735,7 @@ fn dead_record(reason: &str, raw: Option<&[u8]>, now_ms: u64) -> String {
         match std::str::from_utf8(raw) {
             Ok(text) => record["raw"] = text.into(),
             Err(_) => {
-                let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-                record["raw_hex"] = hex.into();
+                record["raw_hex"] = hex::encode(raw).into();
             }
         }
     }

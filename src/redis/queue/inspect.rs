@@ -119,10 +119,11 @@ impl ListCursor {
             parts.next()?.parse().ok()?,
             parts.next()?.parse().ok()?,
         );
-        // The id of the next entry, hex (any bytes, and nothing a shell splits).
+        // The id of the next entry, hex (any bytes, and nothing a shell splits; never empty).
         let next = match parts.next() {
             None => None,
-            Some(hex) => Some(from_hex(hex)?),
+            Some("") => return None,
+            Some(text) => Some(hex::decode(text).ok()?),
         };
         let cursor = ListCursor(Position::Scan {
             shard,
@@ -146,13 +147,10 @@ impl fmt::Display for ListCursor {
                 next,
             } => {
                 write!(f, "scan:{shard}:{cursor}:{skip}")?;
-                if let Some(id) = next {
-                    f.write_str(":")?;
-                    for b in id {
-                        write!(f, "{b:02x}")?;
-                    }
+                match next {
+                    Some(id) => write!(f, ":{}", hex::encode(id)),
+                    None => Ok(()),
                 }
-                Ok(())
             }
         }
     }
@@ -210,18 +208,6 @@ pub struct ShardStats {
 }
 
 /// Bytes as a string, lossily; scores and ids another client wrote need not be UTF-8.
-/// Bytes from lowercase or uppercase hex; `None` for anything else, or an odd length.
-fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.is_empty() || !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit())
-    {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
