@@ -5,8 +5,9 @@
 -- mostly a few runs, one per claim batch, and each argument costs Redis a string to parse and
 -- Lua one to intern.) Removes each task whose owner still matches, and sets the marker of
 -- each one removed with a window, expiring after it (`enqueue_unique` refuses the id
--- meanwhile; a window Redis refuses as an expiry sets none). Returns per task, in order, 1 (removed), 0 (refused: the lease was taken over,
--- or ran out and the task is queued again or dead-lettered), or, for an ack sent again
+-- meanwhile; a window Redis refuses as an expiry sets none). Returns per task, in order, 1
+-- (removed), 0 (refused: the lease was taken over, or ran out and the task is queued again or
+-- dead-lettered), or, for an ack sent again
 -- (`again` = 1) after a call that may have run, 2 if the task is gone, held by no one and not
 -- dead-lettered: most likely that call ran and only its reply was lost. (Another consumer's
 -- takeover and ack in between, or a producer's cancel, would read the same; without such a
