@@ -338,10 +338,7 @@ fn a_store_that_panics_is_retried_like_one_that_is_down() {
     let far = now_ms() + 3_600_000;
     // The round's write panics, and so does the first retry.
     store.panics.store(2, SeqCst);
-    for i in 0..100 {
-        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
+    schedule_t(&p, 0..100, far);
     assert!(
         p.flush(PATIENCE),
         "the changes of a panicked write never landed"
@@ -645,6 +642,14 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Schedules tasks `t{i}` for each `i` of `ids`, due at `due` (ms), each with payload `i`.
+fn schedule_t(p: &Persistent<MemStore>, ids: std::ops::Range<u64>, due: u64) {
+    for i in ids {
+        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), due)
+            .unwrap();
+    }
+}
+
 fn engine(store: &MemStore) -> Persistent<MemStore> {
     Persistent::with_store(PersistConfig::new("unused://", "unused"), store.clone())
         .unwrap()
@@ -898,10 +903,7 @@ fn the_journal_bound_counts_what_a_round_in_progress_took() {
     // made (its first, on a slow start) holds what it took, which still counts, rather than
     // writing it and letting more in.
     store.paused.store(true, SeqCst);
-    for i in 0..10 {
-        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
+    schedule_t(&p, 0..10, far);
     assert!(full(&p, "t10".into()));
     // A round takes the ten changes and is stuck writing them; then it fails.
     store.down.store(true, SeqCst);
@@ -1286,10 +1288,7 @@ fn down_with_100_changes(restored: bool) -> (MemStore, Persistent<MemStore>) {
     }
     let far = now_ms() + 3_600_000;
     store.down.store(true, SeqCst);
-    for i in 0..100 {
-        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
+    schedule_t(&p, 0..100, far);
     assert!(!p.flush(Duration::from_millis(50)), "the store is down");
     // Over (on a loaded machine the round may start after the flush gave up), so that the
     // tests' next round is the one they count.
@@ -1360,10 +1359,7 @@ fn the_journal_bound_counts_what_a_snapshot_in_progress_took() {
     let (p, _fired) = Persistent::with_store(cfg, store.clone()).unwrap();
     p.restore(100).unwrap(); // snapshots need a completed restore
     let far = now_ms() + 3_600_000;
-    for i in 0..10 {
-        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
+    schedule_t(&p, 0..10, far);
     store.snapshot_paused.store(true, SeqCst);
     std::thread::scope(|s| {
         let snapshot = s.spawn(|| p.snapshot(PATIENCE));
@@ -1429,10 +1425,7 @@ fn a_snapshot_that_keeps_failing_does_not_stop_the_journal() {
     store.snapshots_fail.store(true, SeqCst);
     assert_eq!(p.snapshot(Duration::from_millis(50)), None);
     let far = now_ms() + 3_600_000;
-    for i in 0..1_000 {
-        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
+    schedule_t(&p, 0..1_000, far);
     // Two journal rounds, each after a failed snapshot and its backoff (20 ms). Counted in
     // snapshot attempts, not time: in probes of one batch the journal would take 500 of
     // them (it took 3 s for 400 changes here).
@@ -1758,10 +1751,7 @@ fn a_full_journal_asks_for_a_round_at_once() {
         // The flusher's first round may come before or after these: either way it then
         // sleeps for the interval, with changes left in the journal.
         wait_until("the first round", || p.flush(Duration::from_millis(10)));
-        for i in 0..10 {
-            p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-                .unwrap();
-        }
+        schedule_t(&p, 0..10, far);
         // Block: returns once a round made room (on a thread: without the round it would
         // block for the hour). Error: refused, then room soon after.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -1970,10 +1960,7 @@ fn after_an_unrepaired_data_loss(store: &MemStore) -> Persistent<MemStore> {
     let p = Persistent::with_store(cfg, store.clone()).unwrap().0;
     p.restore(100).unwrap();
     let far = now_ms() + 3_600_000;
-    for i in 0..100 {
-        p.schedule_at_ms(format!("t{i}"), "t", serde_json::json!(i), far)
-            .unwrap();
-    }
+    schedule_t(&p, 0..100, far);
     assert!(p.flush(PATIENCE));
     assert_eq!(store.ids().len(), 100);
     store.snapshots_fail.store(true, SeqCst);
